@@ -1,0 +1,5 @@
+import sys
+
+from tracelock.cli import main
+
+sys.exit(main())
