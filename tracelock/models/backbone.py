@@ -1,0 +1,193 @@
+"""Our own LLaDA / Dream forward: a pre-norm bidirectional transformer (MODELS.md §5).
+
+One module serves both families; a `ModelSpec` sets the sizes and the two numeric differences
+(q/k/v biases, RoPE precision). Key names of the official checkpoints are mapped in ``keys.py``.
+
+The forward returns only what a decoding step asks for: logits at chosen positions, and on request
+the three hidden-state taps with HF ``output_hidden_states`` semantics at chosen positions. No
+all-layer hidden states and no ``[B, L, V]`` logits unless asked for.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tracelock.models.spec import ModelSpec
+
+
+@dataclass
+class BackboneOutput:
+    logits: torch.Tensor | None  # [B, R, V] raw (unshifted) logits at logit_positions
+    taps: tuple | None  # 3 x [B, T, D]: h_{n-2}, h_{n-1}, norm_f(h_n) at tap_positions
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # upcast for the statistics, cast back, *then* scale in the input dtype (as LLaDA, Llama and Qwen2 do)
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * y.to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float):
+    """cos, sin [B, L, head_dim] in fp32 for integer positions [B, L] (half-split / NeoX convention)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rotate_half(t):
+    t1, t2 = t.chunk(2, dim=-1)
+    return torch.cat((-t2, t1), dim=-1)
+
+
+def apply_rope(t, cos, sin, fp32: bool):
+    """t [B, H, L, hd]; cos/sin [B, L, hd] fp32. fp32=True: LLaDA's rope_full_precision; else Dream's bf16 path."""
+    cos, sin = cos[:, None], sin[:, None]
+    if fp32:
+        t32 = t.float()
+        return (t32 * cos + _rotate_half(t32) * sin).to(t.dtype)
+    cos, sin = cos.to(t.dtype), sin.to(t.dtype)
+    return t * cos + _rotate_half(t) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        d, hd = spec.hidden_size, spec.head_dim
+        self.n_heads, self.n_kv, self.head_dim, self.rope_fp32 = spec.num_heads, spec.num_kv_heads, hd, spec.rope_fp32
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=spec.qkv_bias)
+        self.k_proj = nn.Linear(d, self.n_kv * hd, bias=spec.qkv_bias)
+        self.v_proj = nn.Linear(d, self.n_kv * hd, bias=spec.qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
+
+    def forward(self, x, cos, sin, attn_mask):
+        B, L, _ = x.shape
+        q = self.q_proj(x).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin, self.rope_fp32), apply_rope(k, cos, sin, self.rope_fp32)
+        if self.n_kv != self.n_heads:
+            # GQA: query head j reads key/value head j // group
+            group = self.n_heads // self.n_kv
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=False)
+        return self.o_proj(out.transpose(1, 2).reshape(B, L, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.attn_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.attn = Attention(spec)
+        self.mlp_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.mlp = MLP(spec)
+
+    def forward(self, x, cos, sin, attn_mask):
+        h = x + self.attn(self.attn_norm(x), cos, sin, attn_mask)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+def _gather_rows(x, positions):
+    """x [B, L, D], positions [B, R] or None (all rows) -> [B, R, D]."""
+    if positions is None:
+        return x
+    return torch.gather(x, 1, positions[..., None].expand(-1, -1, x.shape[-1]))
+
+
+class DiffusionBackbone(nn.Module):
+    """A frozen masked diffusion LM (LLaDA or Dream). Build it with `tracelock.load_model`."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+
+    @property
+    def device(self):
+        return self.embed.weight.device
+
+    @property
+    def dtype(self):
+        return self.embed.weight.dtype
+
+    def positions_for(self, attention_mask: torch.Tensor | None, B: int, L: int) -> torch.Tensor:
+        """Per-row positions: real tokens count from 0 after any left padding, so a padded row sees the
+        same RoPE positions as the prompt alone (pad positions get 0; they are never read)."""
+        if attention_mask is None:
+            return torch.arange(L, device=self.device).expand(B, L)
+        return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+    def predict(self, input_ids, positions, attention_mask=None, *, return_taps=False, tap_positions=None):
+        """Logits that predict the tokens at canvas ``positions`` [B, R], and optionally taps.
+
+        This is what decoding calls: the family's shift (`ModelSpec.output_rows`) is applied here, once,
+        to the logits and to the tap positions (features get the same shift as the logits).
+        """
+        out = self.forward(input_ids, attention_mask, logit_positions=self.spec.output_rows(positions),
+                           return_taps=return_taps,
+                           tap_positions=None if tap_positions is None else self.spec.output_rows(tap_positions))
+        return out
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, *, logit_positions=None,
+                return_logits=True, return_taps=False, tap_positions=None) -> BackboneOutput:
+        """Run the backbone.
+
+        Args:
+            input_ids (torch.Tensor): [B, L] int64 tokens.
+            attention_mask (torch.Tensor): [B, L] bool/int, 1 for real tokens, 0 for (left) padding keys.
+                Default: None (every key visible).
+            position_ids (torch.Tensor): [B, L] int64. Default: counted from the first real token of each row.
+            logit_positions (torch.Tensor): [B, R] int64 output rows to apply the LM head to. Default: all rows.
+            return_taps (bool): also return h_{n-2}, h_{n-1} and norm_f(h_n) at ``tap_positions``
+                (default: all rows): the last three entries of HF ``output_hidden_states``.
+
+        Returns:
+            BackboneOutput: raw (unshifted) logits [B, R, V] and taps (3 x [B, T, D]) or None.
+        """
+        B, L = input_ids.shape
+        if L > self.spec.max_positions:
+            raise ValueError(f"input_ids has {L} positions but the model supports at most {self.spec.max_positions} "
+                             f"(max positions in config.json); shorten the prompt or gen_length")
+        if position_ids is None:
+            position_ids = self.positions_for(attention_mask, B, L)
+        cos, sin = rope_cos_sin(position_ids, self.spec.head_dim, self.spec.rope_theta)
+        # key-padding mask only: pad keys are hidden from everyone; pad query rows are never read.
+        # Callers pass None when nothing is padded (checking here would cost a host sync).
+        attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+
+        x = self.embed(input_ids)
+        n = len(self.blocks)
+        taps = []
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, attn_mask)
+            if return_taps and i in (n - 3, n - 2):
+                taps.append(_gather_rows(x, tap_positions))
+        logits = None
+        if return_logits:
+            logits = self.lm_head(self.norm(_gather_rows(x, logit_positions)))
+        if return_taps:
+            taps.append(self.norm(_gather_rows(x, tap_positions)))
+        return BackboneOutput(logits=logits, taps=tuple(taps) if return_taps else None)

@@ -1,0 +1,113 @@
+"""Load LLaDA / Dream checkpoint folders (single or sharded safetensors) into `DiffusionBackbone`."""
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from tracelock.models.backbone import DiffusionBackbone
+from tracelock.models.keys import official_keys
+from tracelock.models.spec import CheckpointError, ModelSpec
+
+_SUPPORTED_DTYPES = {
+    "cpu": (torch.float32, torch.bfloat16),
+    "cuda": (torch.float32, torch.bfloat16, torch.float16),
+}
+
+
+def check_dtype(dtype, device) -> None:
+    device = torch.device(device)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype such as torch.bfloat16, got {dtype!r}")
+    allowed = _SUPPORTED_DTYPES.get(device.type)
+    if allowed is None:
+        raise ValueError(f"device {device} is not supported; use 'cpu' or 'cuda'")
+    if dtype not in allowed:
+        names = ", ".join(str(d) for d in allowed)
+        raise ValueError(f"dtype {dtype} is not supported on {device.type}; use one of {names}")
+
+
+def _tensor_files(folder: Path) -> dict:
+    """{official key: safetensors file} from model.safetensors or model.safetensors.index.json."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise CheckpointError(f"{index} is not a valid safetensors index ({err!r}); it needs a "
+                                  '"weight_map" {key: shard file}; re-download the checkpoint') from None
+        missing = sorted({f for f in weight_map.values() if not (folder / f).exists()})
+        if missing:
+            raise CheckpointError(f"{index} names shard files that are missing: {missing}; download them too")
+        return {k: folder / f for k, f in weight_map.items()}
+    single = folder / "model.safetensors"
+    if single.exists():
+        with safe_open(single, framework="pt") as f:
+            return {k: single for k in f.keys()}
+    raise CheckpointError(f"{folder} holds no weights: expected model.safetensors or model.safetensors.index.json "
+                          "(tracelock never unpickles .bin/.pt files); convert the checkpoint to safetensors")
+
+
+def load_model(path, *, dtype=torch.float32, device="cpu") -> DiffusionBackbone:
+    """Load an HF checkpoint folder of LLaDA or Dream (official key names) as a frozen `DiffusionBackbone`.
+
+    Args:
+        path: folder with config.json, tokenizer files and model.safetensors (or a sharded index).
+        dtype (torch.dtype): parameter dtype. Default: torch.float32.
+        device: "cpu" or "cuda[:i]". Default: "cpu".
+
+    Returns:
+        DiffusionBackbone in eval mode with ``requires_grad=False``; ``model.spec`` is its `ModelSpec`.
+    """
+    check_dtype(dtype, device)
+    folder = Path(path)
+    spec = ModelSpec.from_pretrained(folder)
+    files = _tensor_files(folder)
+    expected = official_keys(spec)
+    missing = [k for k in expected if k not in files]
+    if missing:
+        raise CheckpointError(f"{folder}: tensor {missing[0]!r} is missing ({len(missing)} missing in all); "
+                              f"the weights do not match config.json ({spec.family}, {spec.num_layers} layers)")
+    unexpected = sorted(set(files) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"{folder}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} in all) for a "
+                              f"{spec.family} checkpoint; check that config.json belongs to these weights")
+
+    with torch.device("meta"):
+        model = DiffusionBackbone(spec)
+    shapes = {name: p.shape for name, p in model.named_parameters()}
+    state = {}
+    by_file = {}
+    for key, file in files.items():
+        by_file.setdefault(file, []).append(key)
+    for file, keys in by_file.items():
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for key in keys:
+                name = expected[key]
+                got = tuple(f.get_slice(key).get_shape())
+                if got != tuple(shapes[name]):
+                    raise CheckpointError(f"{file.name}: tensor {key!r} has shape {list(got)} but config.json "
+                                          f"implies {list(shapes[name])}; the config and weights do not match")
+                state[name] = f.get_tensor(key).to(device=device, dtype=dtype)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.eval().requires_grad_(False)
+    return model
+
+
+def load_tokenizer(path):
+    """The checkpoint's tokenizer through transformers' classes, offline (never trust_remote_code)."""
+    from transformers import PreTrainedTokenizerFast, Qwen2TokenizerFast
+
+    folder = Path(path)
+    if (folder / "tokenizer.json").exists():
+        tok = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
+    elif (folder / "vocab.json").exists() and (folder / "merges.txt").exists():
+        # Dream ships a slow remote-code copy of Qwen2Tokenizer: the same BPE files load in Qwen2's class
+        tok = Qwen2TokenizerFast.from_pretrained(folder, local_files_only=True)
+    else:
+        raise CheckpointError(f"{folder} has no tokenizer files: expected tokenizer.json, or vocab.json + merges.txt")
+    if tok.chat_template is None:
+        spec = ModelSpec.from_pretrained(folder)
+        tok.chat_template = spec.chat_template
+    return tok
