@@ -13,7 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).parent
@@ -110,7 +110,7 @@ setup(
     long_description=(ROOT / "README.md").read_text() if (ROOT / "README.md").exists() else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=["tracelock", "tracelock.models", "tracelock.policies", "tracelock.kernels"],
+    packages=[*find_packages(include=["tracelock", "tracelock.*"]), "tracelock.kernels"],
     package_dir={"tracelock.kernels": "kernels"},
     package_data={"tracelock.kernels": ["README.md"]},
     install_requires=[

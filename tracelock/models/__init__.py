@@ -3,11 +3,7 @@
 from tracelock.models.backbone import BackboneOutput, DiffusionBackbone
 from tracelock.models.loading import load_model, load_tokenizer
 from tracelock.models.spec import CheckpointError, ModelSpec
-
-try:  # written in parallel; the import becomes unconditional once it lands
-    from tracelock.models.tiny import write_tiny_checkpoint
-except ImportError:
-    pass
+from tracelock.models.tiny import write_tiny_checkpoint
 
 __all__ = ["BackboneOutput", "CheckpointError", "DiffusionBackbone", "ModelSpec", "load_model", "load_tokenizer",
            "write_tiny_checkpoint"]

@@ -1,0 +1,143 @@
+"""One decoding loop for every policy and schedule: prepare -> (denoise_step -> commit -> advance)*.
+
+`reference_generate` runs it with the plain-PyTorch ``*_ref`` ops, `fused_generate` with the op
+dispatcher; everything else (the forward, the signals, the policy, the step accounting) is shared, so
+the two must give identical tokens and step counts.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from tracelock import states
+from tracelock.decode.canvas import Canvas, prepare_canvas
+from tracelock.decode.schedule import Schedule
+from tracelock.models.backbone import DiffusionBackbone
+from tracelock.policies import make_policy
+from tracelock.policies.base import StepInput
+from tracelock.signals import apply_cfg, compute_signals
+
+
+@dataclass
+class DecodeStats:
+    """What a decoding run cost. A step is one backbone forward (NFE) of a row."""
+
+    steps: list  # [B] forwards spent on each row
+    forwards: int  # batched forward calls
+    commits_per_step: list  # [B] lists: tokens committed at each of the row's steps
+    seconds: float  # wall-clock of the whole run
+    gen_lengths: list  # [B] generated tokens before the first end token
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return sum(self.gen_lengths) / self.seconds if self.seconds > 0 else float("nan")
+
+
+def _check_options(model, temperature, cfg_scale):
+    if not isinstance(model, DiffusionBackbone):
+        raise TypeError(f"model must be a tracelock DiffusionBackbone (from tracelock.load_model), got {type(model)}")
+    if not temperature >= 0:
+        raise ValueError(f"temperature={temperature!r} must be >= 0 (0 = greedy)")
+    if not cfg_scale >= 0:
+        raise ValueError(f"cfg_scale={cfg_scale!r} must be >= 0 (0 = no classifier-free guidance)")
+
+
+def _scatter(values: torch.Tensor, into: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Write [b, R] slot values into a copy of ``into`` [b, L]; slots at position L (padding) are dropped."""
+    wide = torch.cat([into, into[:, :1]], dim=1)
+    return wide.scatter(1, positions, values.to(into.dtype))[:, :-1].contiguous()
+
+
+def _denoise_step(model, canvas: Canvas, rows, positions, cfg_scale):
+    """Logits [b, R, V] that predict the canvas positions [b, R] of the given rows."""
+    x = canvas.x[rows]
+    mask = None if canvas.attention_mask is None else canvas.attention_mask[rows]
+    if cfg_scale == 0:
+        return model.predict(x, positions, mask).logits
+    # LLaDA's CFG: the unconditional input masks the whole prompt; both halves in one forward
+    uncond = x.masked_fill(canvas.state[rows] == states.PROMPT, model.spec.mask_id)
+    both = model.predict(torch.cat([x, uncond]), torch.cat([positions, positions]),
+                         None if mask is None else torch.cat([mask, mask])).logits
+    cond, un = both.chunk(2)
+    return apply_cfg(cond, un, cfg_scale)
+
+
+def _gen_lengths(canvas: Canvas, end_ids) -> list:
+    gen = canvas.x[:, canvas.prompt_len:]
+    is_end = torch.isin(gen, torch.tensor(end_ids, device=gen.device))
+    first_end = torch.where(is_end.any(1), is_end.float().argmax(1), torch.full_like(gen[:, 0], gen.shape[1]))
+    return first_end.tolist()
+
+
+@torch.no_grad()
+def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
+               attention_mask=None, temperature=0.0, cfg_scale=0.0, stop_at_eot=False, idle_steps=False, seed=0,
+               apply_commits):
+    _check_options(model, temperature, cfg_scale)
+    schedule = Schedule(gen_length, block, window, idle_steps)
+    policy = make_policy(policy, **(policy_args or {}))
+    policy.setup(gen_length=gen_length, num_regions=schedule.num_regions)
+    spec, device = model.spec, model.device
+    canvas = prepare_canvas(spec, input_ids, attention_mask, gen_length, device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    end_ids = torch.tensor(spec.end_ids, dtype=torch.long, device=device)
+    B, L, R, S = canvas.x.shape[0], canvas.length, schedule.width, policy.steps_per_region()
+    counters = schedule.start(canvas.state, canvas.prompt_len, S)
+    first_active = torch.full((B,), canvas.prompt_len, dtype=torch.long, device=device)
+    slots = torch.arange(R, device=device)
+    commits, forwards = [], 0
+    # a policy that never commits would loop forever: every shipped policy finishes within its budget
+    max_forwards = 2 * (gen_length + schedule.num_regions * S) + 8
+
+    start = time.perf_counter()
+    while True:
+        live = first_active < L
+        rows = live.nonzero().flatten()
+        if rows.numel() == 0:
+            break
+        if forwards == max_forwards:
+            raise RuntimeError(f"policy {policy!r} left positions uncommitted after {forwards} steps; "
+                               "a policy must commit at least one active position within its step budget")
+        lo, hi = schedule.commit_bounds(counters.block_idx[rows], first_active[rows])
+        pos = lo[:, None] + slots
+        valid = pos < hi[:, None]
+        gather_pos = pos.clamp(max=L - 1)
+        row_state = canvas.state[rows]
+        active = valid & (row_state.gather(1, gather_pos) == states.ACTIVE)
+
+        logits = _denoise_step(model, canvas, rows, gather_pos, cfg_scale)
+        signals = compute_signals(logits, eos_id=spec.eos_id, temperature=temperature, generator=generator,
+                                  tempered=spec.family == "dream")
+        step_input = StepInput(signals=signals, active=active, region_step=counters.region_step[rows],
+                               region_initial=counters.region_initial[rows],
+                               region_active=schedule.region_active(row_state, counters.block_idx[rows]),
+                               steps_per_region=S)
+        chosen = policy.select(step_input, generator) & active
+
+        scatter_pos = torch.where(valid, pos, L)
+        x_rows = canvas.x[rows]
+        proposal = _scatter(signals.proposal, x_rows, scatter_pos)
+        commit = _scatter(chosen, torch.zeros_like(x_rows, dtype=torch.bool), scatter_pos)
+        first_active[rows] = apply_commits(x_rows, row_state, proposal, commit, end_ids, spec.pad_id, stop_at_eot)
+        canvas.x[rows], canvas.state[rows] = x_rows, row_state
+        schedule.advance(canvas.state, counters, live)
+        commits.append((rows, chosen.sum(1)))
+        forwards += 1
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+
+    per_row = [[] for _ in range(B)]
+    for rows, counts in commits:
+        for r, n in zip(rows.tolist(), counts.tolist()):
+            per_row[r].append(n)
+    stats = DecodeStats(
+        steps=counters.steps.tolist(), forwards=forwards, commits_per_step=per_row, seconds=seconds,
+        gen_lengths=_gen_lengths(canvas, spec.end_ids),
+        settings=dict(policy=repr(policy), gen_length=gen_length, block=block, window=window, schedule=schedule.kind,
+                      temperature=temperature, cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps,
+                      seed=seed),
+    )
+    return canvas.x, stats

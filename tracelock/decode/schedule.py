@@ -1,0 +1,113 @@
+"""Where a step may commit (the commit region) and what a step schedule counts (the schedule region).
+
+Three schedules (DESIGN.md §3), each usable with every policy:
+- ``block=N``: semi-AR blocks of N positions. A block ends as soon as it has no active position; with
+  ``idle_steps=True`` it ends only when the step counter also reaches the block's budget (the reference
+  release's ``block = step // steps_per_block`` artifact: floor (num_blocks - 1) * steps_per_block + 1).
+- ``window=W``: the soft-crop window ``[p_t, p_t + W)`` with ``p_t`` the row's first active position.
+- neither: the full generation region.
+For the window and full schedules the schedule region (what LLaDA's and Dream's step schedules count)
+is the whole generation; for blocks it is the block.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from tracelock import states
+
+
+def validate_schedule(gen_length, block, window) -> None:
+    if isinstance(gen_length, bool) or not isinstance(gen_length, int) or gen_length <= 0:
+        raise ValueError(f"gen_length={gen_length!r} must be a positive int (the number of positions to generate)")
+    if block is not None and window is not None:
+        raise ValueError(f"pass block={block} or window={window}, not both: blocks are semi-AR, the window slides")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                               or not 0 < window <= gen_length):
+        raise ValueError(f"window={window!r} must be an int in [1, gen_length={gen_length}]; "
+                         f"window=gen_length decodes the full region")
+    if block is not None:
+        if isinstance(block, bool) or not isinstance(block, int) or not 0 < block <= gen_length:
+            raise ValueError(f"block={block!r} must be an int in [1, gen_length={gen_length}]")
+        if gen_length % block:
+            divisors = [d for d in (4, 8, 16, 32, 64, 128) if gen_length % d == 0 and d <= gen_length]
+            raise ValueError(f"block={block} does not divide gen_length={gen_length}: semi-AR blocks must tile the "
+                             f"generation (LLaDA asserts gen_length % block_length == 0); use a divisor such as "
+                             f"{divisors or [gen_length]}, or window={block} for a sliding window")
+
+
+@dataclass
+class RowCounters:
+    """Per-row schedule state, [B] each."""
+
+    block_idx: torch.Tensor
+    region_step: torch.Tensor
+    region_initial: torch.Tensor
+    steps: torch.Tensor  # forwards spent on the row so far
+
+
+class Schedule:
+    def __init__(self, gen_length: int, block: int | None, window: int | None, idle_steps: bool = False):
+        validate_schedule(gen_length, block, window)
+        if idle_steps and block is None:
+            raise ValueError("idle_steps=True reproduces the reference release's semi-AR block artifact; "
+                             "it needs block=N")
+        self.gen_length, self.block, self.window, self.idle_steps = gen_length, block, window, idle_steps
+        self.kind = "block" if block else "window" if window else "full"
+        self.num_regions = gen_length // block if block else 1
+        self.width = block or window or gen_length  # R: candidate slots per row
+
+    def start(self, state: torch.Tensor, prompt_len: int, steps_per_region: int) -> RowCounters:
+        self.P, self.S = prompt_len, steps_per_region
+        B = state.shape[0]
+        zeros = torch.zeros(B, dtype=torch.long, device=state.device)
+        c = RowCounters(block_idx=zeros.clone(), region_step=zeros.clone(), region_initial=zeros.clone(),
+                        steps=zeros.clone())
+        c.region_initial = self.region_active(state, c.block_idx)
+        self._skip_finished_blocks(state, c, torch.ones(B, dtype=torch.bool, device=state.device))
+        return c
+
+    def schedule_bounds(self, block_idx: torch.Tensor):
+        if self.kind == "block":
+            lo = self.P + block_idx * self.block
+            return lo, lo + self.block
+        lo = torch.full_like(block_idx, self.P)
+        return lo, lo + self.gen_length
+
+    def commit_bounds(self, block_idx: torch.Tensor, first_active: torch.Tensor):
+        """[lo, hi) per row: the block, the window from the first active position, or the full region."""
+        if self.kind == "window":
+            end = self.P + self.gen_length
+            lo = first_active.clamp(max=end)
+            return lo, (lo + self.window).clamp(max=end)
+        return self.schedule_bounds(block_idx)
+
+    def _count_active(self, state, lo, hi):
+        pos = torch.arange(state.shape[1], device=state.device)
+        inside = (pos >= lo[:, None]) & (pos < hi[:, None])
+        return ((state == states.ACTIVE) & inside).sum(dim=1)
+
+    def region_active(self, state, block_idx):
+        """[B] active positions in each row's schedule region now (Dream's n)."""
+        return self._count_active(state, *self.schedule_bounds(block_idx))
+
+    def _skip_finished_blocks(self, state, c: RowCounters, rows):
+        """Move the given rows past blocks that have no active position left (several if stop-at-EOT filled them)."""
+        if self.kind != "block":
+            return
+        for _ in range(self.num_regions):
+            empty = rows & (self.region_active(state, c.block_idx) == 0) & (c.block_idx < self.num_regions - 1)
+            if self.idle_steps:
+                # the release advances blocks by its step counter only: step // steps_per_block
+                empty &= c.steps >= (c.block_idx + 1) * self.S
+            if not bool(empty.any()):
+                return
+            c.block_idx += empty.long()
+            c.region_step.masked_fill_(empty, 0)
+            c.region_initial = torch.where(empty, self.region_active(state, c.block_idx), c.region_initial)
+
+    def advance(self, state: torch.Tensor, c: RowCounters, rows: torch.Tensor) -> None:
+        """After a step on ``rows`` [B] bool: count it, and end the blocks that are finished."""
+        c.steps += rows.long()
+        c.region_step += rows.long()
+        self._skip_finished_blocks(state, c, rows)

@@ -1,0 +1,42 @@
+"""`fused_generate`: the decoding entry point, running its per-step ops through `tracelock.ops`."""
+
+from functools import partial
+
+from tracelock import ops
+from tracelock.decode.loop import run_decode
+
+
+def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
+                   attention_mask=None, temperature=0.0, cfg_scale=0.0, stop_at_eot=False, idle_steps=False,
+                   seed=0, impl=None):
+    """Decode ``gen_length`` tokens after each prompt with a commitment policy.
+
+    Args:
+        model (DiffusionBackbone): from `tracelock.load_model`.
+        input_ids: [B, P] int64 left-padded prompts (with ``attention_mask``), or a list of token-id lists.
+        policy (str | Policy): a policy name (``tracelock.policies.POLICIES``) or a policy object.
+        gen_length (int): positions to generate.
+        block (int, optional): semi-AR block length (must divide gen_length). Default: None.
+        window (int, optional): soft-crop window width. Default: None (with no block: the full region).
+        policy_args (dict, optional): keyword arguments of a named policy, e.g. ``{"tau": 0.9}``.
+        attention_mask: [B, P] 1 for prompt tokens, 0 for left padding. Default: None.
+        temperature (float): 0 = greedy; > 0 samples by Gumbel-max. Default: 0.0.
+        cfg_scale (float): LLaDA's classifier-free guidance scale. Default: 0.0.
+        stop_at_eot (bool): a committed end token finishes its row. Default: False (paper presets).
+        idle_steps (bool): reproduce the reference release's block-advance artifact. Default: False.
+        seed (int): seed of sampling and random policies. Default: 0.
+        impl (str, optional): op implementation ("torch", "cpp", "cuda"). Default: the fastest available.
+
+    Returns:
+        (tokens [B, P + gen_length], DecodeStats): the whole canvas (prompt included) and the run's costs.
+
+    Examples::
+
+        model = tracelock.load_model(path)
+        tokens, stats = tracelock.fused_generate(model, ids, policy="threshold", gen_length=64, block=16)
+        print(stats.steps)
+    """
+    return run_decode(model, input_ids, policy=policy, gen_length=gen_length, block=block, window=window,
+                      policy_args=policy_args, attention_mask=attention_mask, temperature=temperature,
+                      cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed,
+                      apply_commits=partial(ops.apply_commits, impl=impl))
