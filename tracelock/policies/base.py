@@ -1,0 +1,156 @@
+"""The interface every heuristic decoding policy implements, plus the selection helpers they share.
+
+A step hands a policy the signals of R candidate slots per row (the commit region: a semi-AR block or
+the soft-crop window, padded across rows) and the counters of the *schedule region* (the block, or the
+whole generation for window/full schedules). The policy returns a [B, R] commit mask, a subset of the
+active slots. Everything stays on the device: no host sync.
+
+Ties between equal scores always go to the lowest slot index (as ``torch.argmax``); the upstream
+``torch.topk`` calls leave that order unspecified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..signals import Signals, gumbel_noise
+
+__all__ = ["Policy", "StepInput", "active_first_order", "gumbel_topk_mask", "topk_mask"]
+
+
+@dataclass
+class StepInput:
+    """What the loop hands a policy at one step, for the B rows being decoded.
+
+    Args:
+        signals (Signals): [B, R] each; R = candidate slots (commit region, padded across rows).
+        active (torch.BoolTensor): [B, R] the slot is an active position inside the commit region.
+        region_step (torch.LongTensor): [B] forwards already spent in the current schedule region
+            (0 on its first step).
+        region_initial (torch.LongTensor): [B] active positions in the schedule region when it began
+            (LLaDA's M).
+        region_active (torch.LongTensor): [B] active positions in the schedule region now (Dream's n).
+        steps_per_region (int): the policy's step budget per schedule region.
+    """
+
+    signals: Signals
+    active: torch.Tensor
+    region_step: torch.Tensor
+    region_initial: torch.Tensor
+    region_active: torch.Tensor
+    steps_per_region: int
+
+
+class Policy:
+    """Base class of the decoding policies.
+
+    Subclasses set ``name`` and ``deterministic`` and implement :meth:`select`. ``setup`` runs once per
+    generation, before the first step; schedule-based policies derive their per-region budget there.
+    """
+
+    name: ClassVar[str] = ""
+    deterministic: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self._steps_per_region: int | None = None
+
+    def setup(self, *, gen_length: int, num_regions: int) -> None:
+        """Validate against the schedule and precompute.
+
+        Args:
+            gen_length (int): generated positions.
+            num_regions (int): semi-AR blocks (``gen_length // block_length``); 1 for window/full.
+        """
+        if gen_length <= 0 or num_regions <= 0 or gen_length % num_regions:
+            raise ValueError(
+                f"gen_length={gen_length} must split into num_regions={num_regions} equal regions; "
+                "pass a block length that divides gen_length"
+            )
+        # schedule-free policies commit at least one active slot per step: the region size bounds them
+        self._steps_per_region = gen_length // num_regions
+
+    def steps_per_region(self) -> int:
+        """Step budget per schedule region (valid after :meth:`setup`)."""
+        if self._steps_per_region is None:
+            raise RuntimeError(f"policy {self.name!r}: call setup(gen_length=..., num_regions=...) first")
+        return self._steps_per_region
+
+    def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Commit mask of one step.
+
+        Args:
+            inp (StepInput): signals and counters of the B rows.
+            generator (torch.Generator, optional): RNG of the stochastic policies. Default: None.
+
+        Returns:
+            torch.BoolTensor: [B, R], a subset of ``inp.active``.
+        """
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({args})"
+
+
+def check_steps(steps: int | None) -> None:
+    """Reject a non-positive or non-integer step count early, naming the argument."""
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0):
+        raise ValueError(f"steps={steps!r} must be a positive int (or None for steps = gen_length)")
+
+
+def split_steps(steps: int | None, gen_length: int, num_regions: int) -> int:
+    """Per-region budget S = steps // num_regions, with LLaDA's exact-division assert as an error."""
+    steps = gen_length if steps is None else steps
+    if steps % num_regions:
+        fix = num_regions * max(1, round(steps / num_regions))
+        raise ValueError(
+            f"steps={steps} is not a multiple of num_regions={num_regions}: LLaDA asserts "
+            f"steps % num_blocks == 0; pass steps={fix} (a multiple of {num_regions}) or a "
+            f"block length such that gen_length // block_length divides {steps}"
+        )
+    return steps // num_regions
+
+
+def active_first_order(scores: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """[B, R] slot indices: active slots first, by descending score, ties to the lowest index."""
+    # two stable sorts: by score, then by activeness, so an active -inf score still beats padding
+    by_score = scores.argsort(dim=-1, descending=True, stable=True)
+    by_active = active.gather(-1, by_score).to(torch.uint8).argsort(dim=-1, descending=True, stable=True)
+    return by_score.gather(-1, by_active)
+
+
+def topk_mask(scores: torch.Tensor, active: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Commit the ``k[b]`` best active slots of each row.
+
+    Args:
+        scores (torch.Tensor): [B, R] higher = better.
+        active (torch.BoolTensor): [B, R].
+        k (torch.LongTensor): [B] per-row count, clamped to the row's active count.
+
+    Returns:
+        torch.BoolTensor: [B, R].
+    """
+    order = active_first_order(scores, active)
+    # the inverse permutation: rank of each slot in that order
+    ranks = order.argsort(dim=-1)
+    return active & (ranks < k.unsqueeze(-1))
+
+
+def gumbel_topk_mask(
+    scores: torch.Tensor, active: torch.Tensor, k: torch.Tensor, temp: float, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Sample ``k[b]`` active slots without replacement from softmax(scores / temp).
+
+    Gumbel-top-k has the law of sequential ``torch.multinomial(..., replacement=False)`` (Dream's
+    ``alg_temp`` path) and stays in log space, so tiny probabilities cannot underflow into an error.
+    """
+    noisy = scores.float() / temp + gumbel_noise(scores.shape, device=scores.device, generator=generator)
+    return topk_mask(noisy, active, k)
+
+
+def active_count(active: torch.Tensor) -> torch.Tensor:
+    """[B] active candidates per row."""
+    return active.sum(dim=-1)

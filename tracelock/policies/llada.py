@@ -1,0 +1,89 @@
+"""LLaDA's remasking rules (ML-GSAI/LLaDA ``generate``; BASELINES.md §1 and §3): random, confidence, topk.
+
+The schedule: a region with M active positions and S = steps // num_regions steps commits
+``M // S + (1 if i < M % S else 0)`` at its step i (``get_num_transfer_tokens``), fixed when the region
+begins. k = 0 steps commit nothing, as upstream. Once ``region_step >= S`` (the budget is spent but
+positions remain, e.g. a window clamped k) every active candidate is committed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Policy, StepInput, active_count, check_steps, split_steps, topk_mask
+
+__all__ = ["ConfidencePolicy", "RandomPolicy", "TopKPolicy", "llada_schedule_k"]
+
+
+def llada_schedule_k(inp: StepInput, steps_per_region: int) -> torch.Tensor:
+    """[B] LLaDA's per-step count, clamped to the active candidates; all of them once S is spent."""
+    m, i = inp.region_initial, inp.region_step
+    k = m // steps_per_region + (i < m % steps_per_region).long()
+    n_active = active_count(inp.active)
+    return torch.where(i >= steps_per_region, n_active, torch.minimum(k, n_active))
+
+
+class _ScheduledPolicy(Policy):
+    def __init__(self, steps: int | None = None) -> None:
+        super().__init__()
+        check_steps(steps)
+        self.steps = steps
+
+    def setup(self, *, gen_length: int, num_regions: int) -> None:
+        super().setup(gen_length=gen_length, num_regions=num_regions)
+        self._steps_per_region = split_steps(self.steps, gen_length, num_regions)
+
+
+class ConfidencePolicy(_ScheduledPolicy):
+    """LLaDA ``low_confidence``: the scheduled k most confident active slots.
+
+    Args:
+        steps (int, optional): total steps, a multiple of the region count. Default: gen_length.
+    """
+
+    name = "confidence"
+    deterministic = True
+
+    def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
+        return topk_mask(inp.signals.confidence, inp.active, llada_schedule_k(inp, self.steps_per_region()))
+
+
+class RandomPolicy(_ScheduledPolicy):
+    """LLaDA ``random``: the scheduled k active slots, by uniform random scores from ``generator``.
+
+    Args:
+        steps (int, optional): total steps, a multiple of the region count. Default: gen_length.
+    """
+
+    name = "random"
+    deterministic = False
+
+    def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
+        scores = torch.rand(inp.active.shape, generator=generator, device=inp.active.device)
+        return topk_mask(scores, inp.active, llada_schedule_k(inp, self.steps_per_region()))
+
+
+class TopKPolicy(Policy):
+    """The k most confident active slots at every step (no schedule).
+
+    Args:
+        k (int): slots per step (fewer when fewer are active). Default: 1.
+    """
+
+    name = "topk"
+    deterministic = True
+
+    def __init__(self, k: int = 1) -> None:
+        super().__init__()
+        if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+            raise ValueError(f"k={k!r} must be a positive int (slots committed per step)")
+        self.k = k
+
+    def setup(self, *, gen_length: int, num_regions: int) -> None:
+        super().setup(gen_length=gen_length, num_regions=num_regions)
+        # k per step: ceil(region / k) steps empty a region
+        self._steps_per_region = -(-self._steps_per_region // self.k)
+
+    def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
+        k = torch.full_like(inp.region_step, self.k)
+        return topk_mask(inp.signals.confidence, inp.active, k)
