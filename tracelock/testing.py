@@ -1,0 +1,83 @@
+"""Test helpers shared by tests/ and bench/: the independent HF oracle and the tolerance rules (STYLE.md §6)."""
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from tracelock.models.spec import ModelSpec
+
+# official LLaDA key fragment -> transformers Llama fragment (MODELS.md §10); Dream's names equal Qwen2's
+_LLADA_TO_LLAMA = [
+    ("model.transformer.wte.", "model.embed_tokens."),
+    ("model.transformer.ln_f.", "model.norm."),
+    ("model.transformer.ff_out.", "lm_head."),
+    ("model.transformer.blocks.", "model.layers."),
+    (".attn_norm.", ".input_layernorm."),
+    (".q_proj.", ".self_attn.q_proj."),
+    (".k_proj.", ".self_attn.k_proj."),
+    (".v_proj.", ".self_attn.v_proj."),
+    (".attn_out.", ".self_attn.o_proj."),
+    (".ff_norm.", ".post_attention_layernorm."),
+    (".ff_proj.", ".mlp.gate_proj."),
+    (".up_proj.", ".mlp.up_proj."),
+    (".ff_out.", ".mlp.down_proj."),
+]
+
+
+def _hf_key(spec: ModelSpec, key: str) -> str:
+    if spec.family != "llada":
+        return key
+    for old, new in _LLADA_TO_LLAMA:
+        key = key.replace(old, new, 1) if old.startswith("model.transformer") else key.replace(old, new)
+    return key
+
+
+def hf_reference(folder, dtype=torch.float32):
+    """transformers' Llama (for LLaDA) or Qwen2 (for Dream), made bidirectional, with the folder's weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    spec = ModelSpec.from_pretrained(folder)
+    kwargs = dict(hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+                  num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+                  num_hidden_layers=spec.num_layers, vocab_size=spec.vocab_size, rms_norm_eps=spec.rms_norm_eps,
+                  rope_theta=spec.rope_theta, max_position_embeddings=spec.max_positions,
+                  tie_word_embeddings=False, is_causal=False, attn_implementation="sdpa")
+    if spec.family == "llada":
+        config, cls = LlamaConfig(**kwargs, attention_bias=False, mlp_bias=False), LlamaForCausalLM
+    else:
+        config, cls = Qwen2Config(**kwargs, use_sliding_window=False), Qwen2ForCausalLM
+    model = cls(config)
+    state = {}
+    files = sorted(Path(folder).glob("*.safetensors"))
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for key in f.keys():
+                state[_hf_key(spec, key)] = f.get_tensor(key)
+    model.load_state_dict(state, strict=True)
+    return model.to(dtype).eval()
+
+
+def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def assert_close(name: str, ref: torch.Tensor, got: torch.Tensor, *, atol: float, rtol: float = 0.0) -> None:
+    """allclose with a failure message that gives the max abs error, the relative RMS error and the first index."""
+    ref, got = ref.float(), got.float()
+    diff = (ref - got).abs()
+    bad = diff > atol + rtol * ref.abs()
+    if bool(bad.any()):
+        first = tuple(bad.nonzero()[0].tolist())
+        rel_rms = (diff.pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-12)).item()
+        raise AssertionError(f"{name}: max abs err {diff.max().item():.3g}, rel RMS {rel_rms:.3g}, "
+                             f"{int(bad.sum())} of {bad.numel()} beyond atol={atol} rtol={rtol}; first at {first}: "
+                             f"ref {ref[first].item():.6g} got {got[first].item():.6g}")
+
+
+def assert_lowp_close(name: str, ref32: torch.Tensor, got: torch.Tensor, same_lowp: torch.Tensor,
+                      atol: float = 1e-3) -> None:
+    """flash-attention's rule: err(candidate, ref_fp32) <= 2 * err(torch in the same low precision, ref_fp32) + atol."""
+    err, base = max_err(got, ref32), max_err(same_lowp, ref32)
+    if not err <= 2 * base + atol:
+        raise AssertionError(f"{name}: low-precision error {err:.4g} exceeds 2 x reference error {base:.4g} + {atol}")
