@@ -1,6 +1,7 @@
 """The ``tracelock`` command line: one subcommand per job."""
 
 import argparse
+import json
 import sys
 
 
@@ -10,17 +11,85 @@ def _env(args):
     return env_main([])
 
 
+def _tiny_checkpoint(args):
+    from tracelock.models import write_tiny_checkpoint
+
+    path = write_tiny_checkpoint(args.out, family=args.family, profile=args.profile, seed=args.seed,
+                                 shards=args.shards)
+    print(f"wrote a tiny random {args.family} checkpoint ({args.profile}) to {path}")
+
+
+def _generate(args):
+    from tracelock.generate_cli import run_generate
+
+    return run_generate(args)
+
+
+def _add_generate(sub):
+    p = sub.add_parser("generate", help="decode prompts with a commitment policy, JSONL out")
+    p.add_argument("--model", required=True, help="checkpoint folder (LLaDA, Dream or a tiny one)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="one prompt (the chat template is applied)")
+    src.add_argument("--prompts", help='JSONL file, one {"prompt": ...} per line')
+    p.add_argument("--policy", required=True, help="policy name, e.g. threshold, confidence, entropy")
+    p.add_argument("--policy-arg", action="append", default=[], metavar="K=V",
+                   help="policy keyword argument, repeatable (e.g. --policy-arg tau=0.9)")
+    p.add_argument("--gen-length", type=int, required=True)
+    sched = p.add_mutually_exclusive_group()
+    sched.add_argument("--block", type=int, help="semi-AR block length")
+    sched.add_argument("--window", type=int, help="soft-crop window width")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--cfg-scale", type=float, default=0.0)
+    p.add_argument("--stop-at-eot", action="store_true", help="a committed end token finishes the row")
+    p.add_argument("--idle-steps", action="store_true", help="reproduce the reference release's block artifact")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=1, help="prompts per batch (left-padded; same results)")
+    p.add_argument("--no-chat-template", action="store_true", help="encode prompts as they are")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--impl", default=None, help="op implementation: torch, cpp or cuda (default: fastest)")
+    p.add_argument("--out", help="JSONL output file (default: stdout)")
+    p.set_defaults(func=_generate)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="tracelock", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("env", help="print torch, triton, interpreter mode, tracelock._C and GPU status")
     p.set_defaults(func=_env)
+    p = sub.add_parser("tiny-checkpoint", help="write a tiny random LLaDA/Dream checkpoint folder")
+    p.add_argument("--family", choices=["llada", "dream"], default="llada")
+    p.add_argument("--profile", choices=["micro", "kernel"], default="micro")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shards", type=int, default=1)
+    p.add_argument("--out", required=True, help="folder to write")
+    p.set_defaults(func=_tiny_checkpoint)
+    _add_generate(sub)
     return parser
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    return args.func(args) or 0
+    try:
+        return args.func(args) or 0
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        # bad input: one clear line, no traceback
+        print(f"tracelock {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def parse_policy_args(pairs) -> dict:
+    """["tau=0.9", "steps=32"] -> {"tau": 0.9, "steps": 32}; values are JSON when they parse, else strings."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--policy-arg {pair!r} must look like key=value, e.g. tau=0.9")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
 
 
 if __name__ == "__main__":

@@ -1,0 +1,57 @@
+"""`tracelock tiny-checkpoint` and `tracelock generate`, end to end in subprocesses."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLI = str(Path(sys.executable).parent / "tracelock")
+
+
+def run(*args, check=True):
+    proc = subprocess.run([*args], capture_output=True, text=True, timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "llada-tiny"
+    proc = run(CLI, "tiny-checkpoint", "--family", "llada", "--out", str(path))
+    assert "wrote a tiny random llada checkpoint" in proc.stdout
+    return path
+
+
+def test_generate_jsonl(tiny, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["What is 2 + 3 ?", "add 4 and 5", "x"]) + "\n")
+    out = tmp_path / "out.jsonl"
+    run(sys.executable, "-m", "tracelock", "generate", "--model", str(tiny), "--prompts", str(prompts),
+        "--policy", "threshold", "--policy-arg", "tau=0.9", "--gen-length", "16", "--block", "8",
+        "--batch-size", "2", "--out", str(out))
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["prompt"] for r in rows] == ["What is 2 + 3 ?", "add 4 and 5", "x"]
+    for r in rows:
+        assert len(r["token_ids"]) == 16 and isinstance(r["text"], str)
+        assert 1 <= r["steps"] <= 16 and r["seconds"] > 0
+        assert r["settings"]["policy_args"] == {"tau": 0.9} and r["settings"]["block"] == 8
+
+
+def test_generate_single_prompt_to_stdout(tiny):
+    proc = run(CLI, "generate", "--model", str(tiny), "--prompt", "What is 2 + 3 ?", "--policy", "confidence",
+               "--gen-length", "8", "--window", "4")
+    record = json.loads(proc.stdout)
+    assert record["steps"] == 8
+
+
+def test_generate_bad_input_is_one_clear_line(tiny):
+    proc = run(CLI, "generate", "--model", str(tiny), "--prompt", "hi", "--policy", "beam", "--gen-length", "8",
+               check=False)
+    assert proc.returncode == 2
+    assert "unknown policy 'beam'" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run(CLI, "generate", "--model", str(tiny), "--prompt", "hi", "--policy", "confidence",
+               "--gen-length", "8", "--block", "3", check=False)
+    assert proc.returncode == 2 and "block=3 does not divide gen_length=8" in proc.stderr

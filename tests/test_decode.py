@@ -1,0 +1,179 @@
+"""The decoding loop on real tiny checkpoints: step accounting, schedules, batching, fused == reference."""
+
+import pytest
+import torch
+
+import tracelock
+from tracelock import states
+from tracelock.models import write_tiny_checkpoint
+from tracelock.policies import POLICIES
+
+G = 16
+DETERMINISTIC = [("confidence", {}), ("topk", {"k": 2}), ("maskgit_plus", {}), ("topk_margin", {}),
+                 ("entropy", {}), ("threshold", {"tau": 0.5}), ("factor", {"f": 1.0})]
+
+
+@pytest.fixture(scope="module", params=["llada", "dream"])
+def model(request, tmp_path_factory):
+    path = write_tiny_checkpoint(tmp_path_factory.mktemp(request.param), family=request.param, seed=3)
+    return tracelock.load_model(path)
+
+
+@pytest.fixture(scope="module")
+def peaked(tmp_path_factory):
+    """A LLaDA-tiny whose LM head is scaled up: confident proposals, so threshold rules commit several per step."""
+    m = tracelock.load_model(write_tiny_checkpoint(tmp_path_factory.mktemp("peaked"), family="llada", seed=4))
+    m.lm_head.weight.mul_(20.0)
+    return m
+
+
+def _prompts(model, lengths=(9, 5, 12)):
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for n in lengths:
+        ids = torch.randint(0, 400, (n,), generator=g)
+        out.append(ids.masked_fill(ids == model.spec.mask_id, 1).tolist())
+    return out
+
+
+def test_policy_names_are_complete():
+    assert sorted(POLICIES) == sorted(["random", "confidence", "origin", "maskgit_plus", "topk_margin", "entropy",
+                                       "threshold", "factor", "topk"])
+
+
+@pytest.mark.parametrize("schedule", [{"block": 4}, {"window": 4}, {}], ids=["block4", "window4", "full"])
+def test_confidence_one_per_step_takes_gen_length_steps(model, schedule):
+    tokens, stats = tracelock.reference_generate(model, _prompts(model)[:1], policy="confidence", gen_length=G,
+                                                 **schedule)
+    assert stats.steps == [G]
+    assert stats.commits_per_step == [[1] * G]
+    assert not (tokens == model.spec.mask_id).any()
+
+
+def test_threshold_takes_fewer_steps_and_blocks_end_when_done(peaked):
+    prompts = _prompts(peaked)[:1]
+    _, conf = tracelock.reference_generate(peaked, prompts, policy="confidence", gen_length=G, block=4)
+    _, thr = tracelock.reference_generate(peaked, prompts, policy="threshold", gen_length=G, block=4)
+    assert thr.steps[0] < conf.steps[0] == G
+    # a block ends as soon as it has no active position: the next step already works on the next block
+    assert all(n >= 1 for n in thr.commits_per_step[0])
+    assert sum(thr.commits_per_step[0]) == G
+
+
+def test_idle_steps_reproduce_the_release_floor(peaked):
+    """The release's block = step // steps_per_block: floor (num_blocks - 1) * steps_per_block + 1."""
+    prompts = _prompts(peaked)[:1]
+    _, fast = tracelock.reference_generate(peaked, prompts, policy="threshold", gen_length=G, block=8)
+    _, idle = tracelock.reference_generate(peaked, prompts, policy="threshold", gen_length=G, block=8,
+                                           idle_steps=True)
+    floor = (G // 8 - 1) * 8 + 1
+    assert fast.steps[0] < floor <= idle.steps[0]
+    assert 0 in idle.commits_per_step[0]
+    with pytest.raises(ValueError, match="needs block"):
+        tracelock.reference_generate(peaked, prompts, policy="threshold", gen_length=G, idle_steps=True)
+
+
+def test_window_commits_only_inside_the_window(peaked):
+    prompts = _prompts(peaked)[:1]
+    _, stats = tracelock.reference_generate(peaked, prompts, policy="threshold", policy_args={"tau": 1e-9},
+                                            gen_length=G, window=3)
+    # tau ~ 0 commits every active slot of the window: 3 per step
+    assert stats.commits_per_step[0][:5] == [3] * 5
+    assert stats.steps[0] == -(-G // 3)
+
+
+@pytest.mark.parametrize("name,args", DETERMINISTIC, ids=[n for n, _ in DETERMINISTIC])
+def test_batch_equals_single(model, name, args):
+    prompts = _prompts(model)
+    batch, bstats = tracelock.reference_generate(model, prompts, policy=name, policy_args=args, gen_length=G, block=8)
+    for row, prompt in enumerate(prompts):
+        alone, stats = tracelock.reference_generate(model, [prompt], policy=name, policy_args=args, gen_length=G,
+                                                    block=8)
+        assert torch.equal(batch[row, -G:], alone[0, -G:]), f"row {row}"
+        assert bstats.steps[row] == stats.steps[0]
+        assert bstats.commits_per_step[row] == stats.commits_per_step[0]
+
+
+@pytest.mark.parametrize("name,args", DETERMINISTIC + [("random", {}), ("origin", {})],
+                         ids=[n for n, _ in DETERMINISTIC] + ["random", "origin"])
+def test_fused_equals_reference(model, name, args):
+    prompts = _prompts(model)
+    ref, ref_stats = tracelock.reference_generate(model, prompts, policy=name, policy_args=args, gen_length=G,
+                                                  window=6, stop_at_eot=True)
+    got, got_stats = tracelock.fused_generate(model, prompts, policy=name, policy_args=args, gen_length=G, window=6,
+                                              stop_at_eot=True)
+    assert torch.equal(ref, got)
+    assert ref_stats.steps == got_stats.steps
+    assert ref_stats.commits_per_step == got_stats.commits_per_step
+
+
+def test_seeded_sampling_is_reproducible(model):
+    prompts = _prompts(model)
+    runs = [tracelock.fused_generate(model, prompts, policy="random", gen_length=G, temperature=0.8, seed=s)[0]
+            for s in (5, 5, 6)]
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0], runs[2])
+
+
+def test_stop_at_eot_fills_the_tail(peaked):
+    """Make the end token win everywhere: the first commit ends the row, the rest becomes pad in state eot."""
+    spec = peaked.spec
+
+    def favour_eos(module, inputs, logits):
+        logits[..., spec.eos_id] += 1e4
+
+    hook = peaked.lm_head.register_forward_hook(favour_eos)
+    try:
+        # window 1: the first commit lands on the first generated position
+        tokens, stats = tracelock.reference_generate(peaked, _prompts(peaked)[:1], policy="confidence",
+                                                     gen_length=G, window=1, stop_at_eot=True)
+        _, no_stop = tracelock.reference_generate(peaked, _prompts(peaked)[:1], policy="confidence",
+                                                  gen_length=G, window=1)
+    finally:
+        hook.remove()
+    assert stats.steps == [1] and no_stop.steps == [G]
+    assert stats.gen_lengths == [0]
+    assert set(tokens[0, -G:].tolist()) <= {spec.eos_id, spec.pad_id}
+
+
+def test_cfg_runs_and_changes_logits(model):
+    prompts = _prompts(model)[:1]
+    plain, _ = tracelock.reference_generate(model, prompts, policy="confidence", gen_length=G)
+    guided, stats = tracelock.reference_generate(model, prompts, policy="confidence", gen_length=G, cfg_scale=2.0)
+    assert stats.steps == [G]
+    assert not torch.equal(plain, guided)
+
+
+def test_states_after_decoding(model):
+    tokens, _ = tracelock.reference_generate(model, _prompts(model)[:1], policy="threshold", gen_length=G)
+    assert not (tokens == model.spec.mask_id).any()
+    assert states.NAMES[states.EOT] == "eot"
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(gen_length=0), "gen_length=0 must be a positive int"),
+    (dict(gen_length=G, window=0), r"window=0 must be an int in \[1, gen_length"),
+    (dict(gen_length=G, window=G + 1), "window=17"),
+    (dict(gen_length=G, block=5), "block=5 does not divide gen_length=16"),
+    (dict(gen_length=G, block=4, window=4), "not both"),
+    (dict(gen_length=G, policy="threshold", policy_args={"tau": 1.5}), r"tau"),
+    (dict(gen_length=G, policy="threshold", policy_args={"tau": 0.0}), r"tau"),
+    (dict(gen_length=G, policy="beam"), "unknown policy 'beam'.*confidence.*threshold"),
+    (dict(gen_length=G, policy="confidence", block=4, policy_args={"steps": 6}), "steps=6"),
+])
+def test_bad_input_names_the_fix(model, kwargs, match):
+    kwargs.setdefault("policy", "confidence")
+    with pytest.raises(ValueError, match=match):
+        tracelock.reference_generate(model, _prompts(model)[:1], **kwargs)
+
+
+def test_bad_prompts_name_the_fix(model):
+    with pytest.raises(ValueError, match="empty"):
+        tracelock.reference_generate(model, [[]], policy="confidence", gen_length=G)
+    with pytest.raises(ValueError, match=f"mask token \\(id {model.spec.mask_id}\\)"):
+        tracelock.reference_generate(model, [[1, model.spec.mask_id, 2]], policy="confidence", gen_length=G)
+    with pytest.raises(ValueError, match="exceeds the model's"):
+        tracelock.reference_generate(model, [[1, 2]], policy="confidence", gen_length=model.spec.max_positions)
+    with pytest.raises(ValueError, match="left padding"):
+        tracelock.reference_generate(model, torch.tensor([[1, 2, 3]]), attention_mask=torch.tensor([[1, 1, 0]]),
+                                     policy="confidence", gen_length=G)

@@ -1,0 +1,87 @@
+"""``tracelock generate``: prompts in, one JSON line per prompt out (text, ids, steps, seconds, settings)."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from tracelock.generate import fused_generate
+from tracelock.models import load_model, load_tokenizer
+
+
+def read_prompts(args) -> list:
+    if args.prompt is not None:
+        return [args.prompt]
+    path = Path(args.prompts)
+    prompts = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{n} is not valid JSON ({err})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise ValueError(f'{path}:{n} needs a "prompt" string, e.g. {{"prompt": "What is 2 + 3?"}}')
+        prompts.append(row["prompt"])
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    return prompts
+
+
+def encode(tokenizer, prompt: str, chat: bool) -> list:
+    if chat and tokenizer.chat_template:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
+def answer_ids(generated: list, end_ids) -> list:
+    """The generated ids up to (not including) the first end token."""
+    for i, t in enumerate(generated):
+        if t in end_ids:
+            return generated[:i]
+    return generated
+
+
+def run_generate(args) -> int:
+    from tracelock.cli import parse_policy_args
+
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size {args.batch_size} must be >= 1")
+    model = load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+    tokenizer = load_tokenizer(args.model)
+    prompts = read_prompts(args)
+    policy_args = parse_policy_args(args.policy_arg)
+    settings = dict(model=str(args.model), policy=args.policy, policy_args=policy_args, gen_length=args.gen_length,
+                    block=args.block, window=args.window, temperature=args.temperature, cfg_scale=args.cfg_scale,
+                    stop_at_eot=args.stop_at_eot, idle_steps=args.idle_steps, seed=args.seed, dtype=args.dtype)
+    out = open(args.out, "w") if args.out else sys.stdout
+    try:
+        bar = tqdm(total=len(prompts), disable=len(prompts) < 2, file=sys.stderr, unit="prompt")
+        for start in range(0, len(prompts), args.batch_size):
+            batch = prompts[start:start + args.batch_size]
+            ids = [encode(tokenizer, p, not args.no_chat_template) for p in batch]
+            tokens, stats = fused_generate(model, ids, policy=args.policy, policy_args=policy_args,
+                                           gen_length=args.gen_length, block=args.block, window=args.window,
+                                           temperature=args.temperature, cfg_scale=args.cfg_scale,
+                                           stop_at_eot=args.stop_at_eot, idle_steps=args.idle_steps,
+                                           seed=args.seed, impl=args.impl)
+            P = tokens.shape[1] - args.gen_length
+            for row, prompt in enumerate(batch):
+                generated = tokens[row, P:].tolist()
+                answer = answer_ids(generated, model.spec.end_ids)
+                record = dict(prompt=prompt, text=tokenizer.decode(answer, skip_special_tokens=True),
+                              token_ids=generated, steps=stats.steps[row],
+                              seconds=stats.seconds / len(batch), settings=settings)
+                out.write(json.dumps(record) + "\n")
+            out.flush()
+            bar.update(len(batch))
+        bar.close()
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
