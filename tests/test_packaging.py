@@ -1,0 +1,35 @@
+"""The installed layout: ``kernels/`` ships as ``tracelock.kernels`` only, and importing it skips triton."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+PROBE = """
+import importlib.util, json, sys
+import tracelock.kernels, tracelock.kernels.ref
+print(json.dumps({
+    "kernels_file": tracelock.kernels.__file__,
+    "bare_kernels": importlib.util.find_spec("kernels") is not None,
+    "triton_loaded": "triton" in sys.modules,
+}))
+"""
+
+
+def test_kernels_installed_as_subpackage(tmp_path):
+    # a temp cwd keeps the repo root off sys.path, so only the installed layout is visible
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    assert Path(info["kernels_file"]).resolve().parent == REPO / "kernels"
+    assert not info["bare_kernels"], "a bare top-level `kernels` module is importable"
+    assert not info["triton_loaded"], "importing tracelock.kernels.ref pulled in triton"
+
+
+def test_bare_kernels_import_fails(tmp_path):
+    done = subprocess.run([sys.executable, "-c", "import kernels"], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120)
+    assert done.returncode != 0
+    assert "No module named 'kernels'" in done.stderr

@@ -1,0 +1,50 @@
+"""``python -m tracelock.env`` / ``tracelock env``: the versions and build facts a bug report needs."""
+
+import importlib.metadata
+import platform
+import sys
+
+
+def _version(dist: str) -> str:
+    # metadata instead of import: importing transformers alone takes seconds
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def report() -> dict:
+    """Return one short string per fact: tracelock, python, torch, triton, interpreter, _C, gpu, transformers."""
+    import torch
+
+    import tracelock
+    from tracelock import _ext, _triton
+
+    if _ext.has_cuda_ext():
+        ext = "built, with CUDA"
+    elif _ext.has_cpp():
+        ext = "built, CPU only"
+    else:
+        ext = f"not available ({_ext.ext_error()})"
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    return {
+        "tracelock": tracelock.__version__,
+        "python": f"{platform.python_version()} ({sys.executable})",
+        "torch": f"{torch.__version__} ({f'cuda {torch.version.cuda}' if torch.version.cuda else 'cpu'})",
+        "triton": _triton.triton_version or "not installed",
+        "interpreter": f"TRITON_INTERPRET={'1' if _triton.triton_interpret else '0'}",
+        "_C": ext,
+        "gpu": gpu,
+        "transformers": _version("transformers"),
+    }
+
+
+def main(argv=None) -> int:
+    """Print ``report()`` one ``key: value`` line each; ``argv`` is accepted for the CLI and ignored."""
+    for key, value in report().items():
+        print(f"{key}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Public op dispatchers. Each op takes ``impl=`` and otherwise picks the fastest available implementation.
+
+Order: explicit ``impl=`` > ``TRACELOCK_IMPL`` > "cuda" when ``tracelock._C`` has CUDA and the tensors are
+on CUDA > "cpp" when ``tracelock._C`` imported and the tensors are on CPU > "torch" (the ``*_ref`` spec).
+An explicit or environment choice is obeyed or fails with the fix; it never silently falls back.
+"""
+
+import os
+
+import torch
+
+from tracelock import _ext
+
+IMPLS = ("torch", "triton", "cpp", "cuda")
+_REBUILD = "`pip install -e . --no-build-isolation` (with a C++ compiler, TRACELOCK_BUILD_EXT unset)"
+_REBUILD_CUDA = "`TRACELOCK_BUILD_CUDA=1 pip install -e . --no-build-isolation`"
+
+
+def _requested_impl(impl: str | None) -> str | None:
+    impl = impl or os.environ.get("TRACELOCK_IMPL") or None
+    if impl is not None and impl not in IMPLS:
+        raise ValueError(f"unknown impl {impl!r} (from impl= or TRACELOCK_IMPL); known impls: {', '.join(IMPLS)}")
+    return impl
+
+
+def _check_available(op: str, impl: str, device: torch.device, impls: tuple[str, ...]) -> None:
+    """Raise with the fix when ``impl`` cannot run ``op`` on ``device``."""
+    if impl not in impls:
+        raise ValueError(f"{op} has no {impl!r} implementation; available: {', '.join(impls)}")
+    if impl == "cpp":
+        if not _ext.has_cpp():
+            raise RuntimeError(f"impl='cpp' needs tracelock._C, which failed to import ({_ext.ext_error()}); "
+                               f"rebuild with {_REBUILD}")
+        if device.type != "cpu":
+            raise RuntimeError(f"impl='cpp' runs on CPU tensors, got {device}; use impl='cuda' or 'torch'")
+    if impl == "cuda":
+        if device.type != "cuda":
+            raise RuntimeError(f"impl='cuda' runs on CUDA tensors, got {device}; use impl='cpp' or 'torch'")
+        if not _ext.has_cuda_ext():
+            why = "was built without CUDA" if _ext.has_cpp() else f"failed to import ({_ext.ext_error()})"
+            raise RuntimeError(f"impl='cuda' needs tracelock._C with CUDA, but it {why}; rebuild with {_REBUILD_CUDA}")
+
+
+def _pick_impl(op: str, impl: str | None, device: torch.device, impls: tuple[str, ...]) -> str:
+    requested = _requested_impl(impl)
+    if requested is not None:
+        _check_available(op, requested, device, impls)
+        return requested
+    if "cuda" in impls and device.type == "cuda" and _ext.has_cuda_ext():
+        return "cuda"
+    if "cpp" in impls and device.type == "cpu" and _ext.has_cpp():
+        return "cpp"
+    return "torch"
+
+
+def _check_tensor(name: str, t, dtype: torch.dtype, shape: tuple | None = None, device=None) -> None:
+    """Check one argument; ``shape`` and ``device`` (those of x) are compared only when given."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+    if shape is not None and tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {list(shape)} like x, got {list(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on {device} like x, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous())")
+
+
+def apply_commits(
+    x: torch.Tensor,
+    state: torch.Tensor,
+    proposal: torch.Tensor,
+    commit: torch.Tensor,
+    end_ids: torch.Tensor,
+    fill_id: int,
+    stop_at_eot: bool,
+    *,
+    impl: str | None = None,
+) -> torch.Tensor:
+    """Apply one decode step's commits to the canvas, in place (spec: ``tracelock.kernels.ref.apply_commits_ref``).
+
+    Committed ACTIVE positions take their proposal and become LOCKED, or EOT for an end token; with
+    ``stop_at_eot`` the still-active tail after a row's first EOT becomes EOT filled with ``fill_id``.
+
+    Args:
+        x (torch.Tensor): [B, L] int64 canvas tokens. Modified in place.
+        state (torch.Tensor): [B, L] uint8 position states (``tracelock.states``). Modified in place.
+        proposal (torch.Tensor): [B, L] int64 proposed tokens.
+        commit (torch.Tensor): [B, L] bool positions chosen by the policy; ignored where not ACTIVE.
+        end_ids (torch.Tensor): [E] int64 end tokens (eos and end-of-turn); E may be 0.
+        fill_id (int): pad token written after the first EOT under ``stop_at_eot``.
+        stop_at_eot (bool): fill the still-active tail of a row once it holds an EOT.
+        impl (str, optional): "torch", "cpp" or "cuda". Default: ``TRACELOCK_IMPL``, else the fastest available.
+
+    Returns:
+        first_active (torch.Tensor): [B] int64 index of the first ACTIVE position per row, or L if none.
+    """
+    _check_tensor("x", x, torch.int64)
+    if x.dim() != 2:
+        raise ValueError(f"x must be [B, L], got shape {list(x.shape)}")
+    shape, device = tuple(x.shape), x.device
+    _check_tensor("state", state, torch.uint8, shape, device)
+    _check_tensor("proposal", proposal, torch.int64, shape, device)
+    _check_tensor("commit", commit, torch.bool, shape, device)
+    _check_tensor("end_ids", end_ids, torch.int64, device=device)
+    if end_ids.dim() != 1:
+        raise ValueError(f"end_ids must be 1-D [E], got shape {list(end_ids.shape)}")
+    chosen = _pick_impl("apply_commits", impl, device, ("torch", "cpp", "cuda"))
+    if chosen == "torch":
+        from tracelock.kernels.ref import apply_commits_ref
+
+        return apply_commits_ref(x, state, proposal, commit, end_ids, int(fill_id), bool(stop_at_eot))
+    # "cpp" and "cuda" are the same torch op; the tensors' device selects the kernel
+    return torch.ops.tracelock.apply_commits(x, state, proposal, commit, end_ids, int(fill_id), bool(stop_at_eot))
