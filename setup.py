@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 from setuptools import find_packages, setup
-from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).parent
 CSRC = "csrc"

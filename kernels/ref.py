@@ -48,5 +48,7 @@ def apply_commits_ref(
         x.masked_fill_(fill, fill_id)
         new_state.masked_fill_(fill, EOT)
     state.copy_(new_state)
-    pos = torch.arange(L, device=x.device)
-    return torch.where(new_state == ACTIVE, pos, L).amin(1)
+    # a sentinel column L keeps the reduction defined for L == 0 and for rows with no active position
+    pos = torch.arange(L + 1, device=x.device)
+    active = torch.cat([new_state == ACTIVE, torch.ones((B, 1), dtype=torch.bool, device=x.device)], dim=1)
+    return torch.where(active, pos, L).amin(1)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from tracelock.kernels.ref import apply_commits_ref
 
 from tracelock import _ext
+from tracelock.kernels.ref import apply_commits_ref
 from tracelock.states import ACTIVE, EOT, LOCKED, PROMPT
 
 requires_cpp = pytest.mark.skipif(not _ext.has_cpp(), reason=f"tracelock._C is not built: {_ext.ext_error()}")
@@ -50,6 +50,7 @@ CASES = [
     pytest.param(8, 320, 1, id="B8-L320-E1"),
     pytest.param(3, 257, 0, id="B3-L257-E0"),
     pytest.param(2, 1, 2, id="B2-L1-E2"),
+    pytest.param(2, 0, 1, id="B2-L0-E1"),
 ]
 
 

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from tracelock.kernels.ref import apply_commits_ref
 
 from tracelock import _ext, ops
+from tracelock.kernels.ref import apply_commits_ref
 from tracelock.states import ACTIVE, LOCKED
 
 IMPLS = ("torch", "cpp", "cuda")
