@@ -6,7 +6,8 @@ import torch
 import tracelock
 from tracelock import states
 from tracelock.models import write_tiny_checkpoint
-from tracelock.policies import POLICIES
+from tracelock.policies import POLICIES, Policy
+from tracelock.policies.base import topk_mask
 
 G = 16
 DETERMINISTIC = [("confidence", {}), ("topk", {"k": 2}), ("maskgit_plus", {}), ("topk_margin", {}),
@@ -177,3 +178,38 @@ def test_bad_prompts_name_the_fix(model):
     with pytest.raises(ValueError, match="left padding"):
         tracelock.reference_generate(model, torch.tensor([[1, 2, 3]]), attention_mask=torch.tensor([[1, 1, 0]]),
                                      policy="confidence", gen_length=G)
+
+
+class TapNormPolicy(Policy):
+    """A stand-in for a learned policy: commits the active slot whose final tap has the largest norm."""
+
+    name = "tap_norm"
+    needs_taps = True
+
+    def __init__(self):
+        super().__init__()
+        self.first_step = None
+
+    def select(self, inp, generator=None):
+        if self.first_step is None:
+            self.first_step = inp
+        h = inp.taps[2]
+        score = h.norm(dim=-1).gather(1, inp.positions.clamp(max=h.shape[1] - 1))
+        return topk_mask(score, inp.active, torch.ones_like(inp.region_step))
+
+
+def test_policies_that_need_taps_plug_in(model):
+    """Taps arrive for canvas positions [0, region end), with the family's shift, from the same forward."""
+    prompt = _prompts(model)[:1]
+    policy = TapNormPolicy()
+    _, stats = tracelock.reference_generate(model, prompt, policy=policy, gen_length=G, window=5)
+    assert stats.steps == [G]
+    first = policy.first_step
+    P = len(prompt[0])
+    assert all(t.shape == (1, P + 5, model.spec.hidden_size) for t in first.taps)
+    canvas = torch.cat([torch.tensor(prompt), torch.full((1, G), model.spec.mask_id)], dim=1)
+    with torch.no_grad():
+        full = model(canvas, return_taps=True).taps
+    rows = model.spec.output_rows(torch.arange(P + 5))
+    for got, ref in zip(first.taps, full):
+        assert torch.allclose(got[0], ref[0, rows], atol=1e-5)

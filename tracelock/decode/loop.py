@@ -50,18 +50,22 @@ def _scatter(values: torch.Tensor, into: torch.Tensor, positions: torch.Tensor) 
     return wide.scatter(1, positions, values.to(into.dtype))[:, :-1].contiguous()
 
 
-def _denoise_step(model, canvas: Canvas, rows, positions, cfg_scale):
-    """Logits [b, R, V] that predict the canvas positions [b, R] of the given rows."""
+def _denoise_step(model, canvas: Canvas, rows, positions, cfg_scale, tap_positions=None):
+    """Logits [b, R, V] that predict the canvas positions [b, R] of the given rows, and the taps if asked."""
     x = canvas.x[rows]
     mask = None if canvas.attention_mask is None else canvas.attention_mask[rows]
+    taps = tap_positions is not None
     if cfg_scale == 0:
-        return model.predict(x, positions, mask).logits
+        out = model.predict(x, positions, mask, return_taps=taps, tap_positions=tap_positions)
+        return out.logits, out.taps
     # LLaDA's CFG: the unconditional input masks the whole prompt; both halves in one forward
     uncond = x.masked_fill(canvas.state[rows] == states.PROMPT, model.spec.mask_id)
-    both = model.predict(torch.cat([x, uncond]), torch.cat([positions, positions]),
-                         None if mask is None else torch.cat([mask, mask])).logits
-    cond, un = both.chunk(2)
-    return apply_cfg(cond, un, cfg_scale)
+    out = model.predict(torch.cat([x, uncond]), torch.cat([positions, positions]),
+                        None if mask is None else torch.cat([mask, mask]), return_taps=taps,
+                        tap_positions=None if not taps else torch.cat([tap_positions, tap_positions]))
+    cond, un = out.logits.chunk(2)
+    # the controller reads the conditional pass's hidden states
+    return apply_cfg(cond, un, cfg_scale), None if not taps else tuple(t.chunk(2)[0] for t in out.taps)
 
 
 def _gen_lengths(canvas: Canvas, end_ids) -> list:
@@ -107,13 +111,17 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
         row_state = canvas.state[rows]
         active = valid & (row_state.gather(1, gather_pos) == states.ACTIVE)
 
-        logits = _denoise_step(model, canvas, rows, gather_pos, cfg_scale)
+        tap_pos = None
+        if policy.needs_taps:
+            # the controller sees the sequence cropped at the region's right end
+            tap_pos = torch.arange(int(hi.max()), device=device).expand(len(rows), -1)
+        logits, taps = _denoise_step(model, canvas, rows, gather_pos, cfg_scale, tap_pos)
         signals = compute_signals(logits, eos_id=spec.eos_id, temperature=temperature, generator=generator,
                                   tempered=spec.family == "dream")
         step_input = StepInput(signals=signals, active=active, region_step=counters.region_step[rows],
                                region_initial=counters.region_initial[rows],
                                region_active=schedule.region_active(row_state, counters.block_idx[rows]),
-                               steps_per_region=S)
+                               steps_per_region=S, positions=gather_pos, state=row_state, taps=taps)
         chosen = policy.select(step_input, generator) & active
 
         scatter_pos = torch.where(valid, pos, L)

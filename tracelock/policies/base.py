@@ -34,6 +34,11 @@ class StepInput:
             (LLaDA's M).
         region_active (torch.LongTensor): [B] active positions in the schedule region now (Dream's n).
         steps_per_region (int): the policy's step budget per schedule region.
+        positions (torch.LongTensor): [B, R] canvas position of each slot (slots past the region repeat
+            the last position and are inactive).
+        state (torch.Tensor): [B, L] uint8 position states before this step's commits.
+        taps (tuple, optional): only for policies with ``needs_taps``: h_{n-2}, h_{n-1}, norm_f(h_n), each
+            [B, T, D], for canvas positions [0, T) with T the furthest region end (the family's shift applied).
     """
 
     signals: Signals
@@ -42,6 +47,9 @@ class StepInput:
     region_initial: torch.Tensor
     region_active: torch.Tensor
     steps_per_region: int
+    positions: torch.Tensor | None = None
+    state: torch.Tensor | None = None
+    taps: tuple | None = None
 
 
 class Policy:
@@ -53,6 +61,8 @@ class Policy:
 
     name: ClassVar[str] = ""
     deterministic: ClassVar[bool] = True
+    # learned policies (TraceLock, L2P-Hidden) set this to receive the hidden-state taps in StepInput
+    needs_taps: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._steps_per_region: int | None = None
