@@ -24,7 +24,9 @@ VOCAB_ROWS = 512
 MAX_POSITIONS = 1024
 
 
-def _llada_config(d: int, heads: int, kv: int, layers: int, mlp: int, ids: dict[str, int]) -> dict:
+def llada_config(d: int, heads: int, kv: int, layers: int, mlp: int, ids: dict[str, int], *,
+                 vocab_rows: int = VOCAB_ROWS, max_positions: int = MAX_POSITIONS) -> dict:
+    """A complete LLaDA config.json (every released field) for the given sizes and special-token ids."""
     return {
         "activation_type": "silu",
         "alibi": False,
@@ -43,7 +45,7 @@ def _llada_config(d: int, heads: int, kv: int, layers: int, mlp: int, ids: dict[
         "block_type": "llama",
         "d_model": d,
         "embedding_dropout": 0.0,
-        "embedding_size": VOCAB_ROWS,
+        "embedding_size": vocab_rows,
         "eos_token_id": ids["eos_token"],
         "flash_attention": False,
         "include_bias": False,
@@ -56,7 +58,7 @@ def _llada_config(d: int, heads: int, kv: int, layers: int, mlp: int, ids: dict[
         "layer_norm_type": "rms",
         "layer_norm_with_affine": True,
         "mask_token_id": ids["mask_token"],
-        "max_sequence_length": MAX_POSITIONS,
+        "max_sequence_length": max_positions,
         "mlp_hidden_size": mlp,
         "mlp_ratio": 4,
         "model_type": "llada",
@@ -74,7 +76,7 @@ def _llada_config(d: int, heads: int, kv: int, layers: int, mlp: int, ids: dict[
         "scale_logits": False,
         "transformers_version": "4.46.3",
         "use_cache": False,
-        "vocab_size": VOCAB_ROWS,
+        "vocab_size": vocab_rows,
         "weight_tying": False,
     }
 
@@ -113,7 +115,7 @@ def _dream_config(d: int, heads: int, kv: int, layers: int, mlp: int, ids: dict[
     }
 
 
-def _generation_config(family: str, ids: dict[str, int]) -> dict:
+def generation_config(family: str, ids: dict[str, int]) -> dict:
     if family == "llada":
         return {
             "_from_model_config": True,
@@ -213,7 +215,7 @@ def _split(keys: list[str], sizes: list[int], k: int) -> list[list[str]]:
     return groups
 
 
-def _save_weights(folder: Path, state: dict[str, torch.Tensor], shards: int) -> None:
+def save_weights(folder: Path, state: dict[str, torch.Tensor], shards: int) -> None:
     # a stale index or shard from an earlier write would be picked up by loaders next to the new files
     for old in [*folder.glob("model*.safetensors"), folder / "model.safetensors.index.json"]:
         old.unlink(missing_ok=True)
@@ -261,9 +263,9 @@ def write_tiny_checkpoint(
     # ids beyond the tokenizer are the padding rows; the mask/eos/pad ids must stay inside the tokenizer
     assert max(ids.values()) < VOCAB_ROWS
     sizes = PROFILES[profile][family]
-    make_config = _llada_config if family == "llada" else _dream_config
+    make_config = llada_config if family == "llada" else _dream_config
     (folder / "config.json").write_text(json.dumps(make_config(*sizes, ids), indent=2) + "\n")
-    gen_config = _generation_config(family, ids)
+    gen_config = generation_config(family, ids)
     (folder / "generation_config.json").write_text(json.dumps(gen_config, indent=2) + "\n")
-    _save_weights(folder, tiny_state_dict(family, profile, seed), shards)
+    save_weights(folder, tiny_state_dict(family, profile, seed), shards)
     return folder

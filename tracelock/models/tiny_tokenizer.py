@@ -118,7 +118,7 @@ def build_tokenizer(family: str) -> Tokenizer:
 
 
 def write_tokenizer_files(folder: str | Path, family: str, *, model_max_length: int) -> dict[str, int]:
-    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into `folder`.
+    """Write the family's toy tokenizer: tokenizer.json, tokenizer_config.json and special_tokens_map.json.
 
     Args:
         folder (str | Path): checkpoint folder (must exist).
@@ -128,16 +128,29 @@ def write_tokenizer_files(folder: str | Path, family: str, *, model_max_length: 
     Returns:
         dict[str, int]: role (bos/eos/pad/mask/eot) -> token id, for the model config.
     """
+    return save_tokenizer(folder, build_tokenizer(family), family, model_max_length=model_max_length,
+                          unk_token=UNK_TOKEN)
+
+
+def save_tokenizer(folder: str | Path, tok: Tokenizer, family: str, *, model_max_length: int,
+                   unk_token: str | None = None) -> dict[str, int]:
+    """Save any `tokenizers.Tokenizer` that holds the family's special strings as an HF tokenizer folder.
+
+    Writes tokenizer.json, tokenizer_config.json (PreTrainedTokenizerFast, the family's chat template) and
+    special_tokens_map.json, and returns role (bos/eos/pad/mask/eot) -> token id, for the model config.
+    """
     folder = Path(folder)
-    tok = build_tokenizer(family)
     tok.save(str(folder / "tokenizer.json"))
     roles = ROLES[family]
-    vocab = tiny_vocab(family)
+    missing = [s for s in SPECIAL_TOKENS[family] if tok.token_to_id(s) is None]
+    if missing:
+        raise ValueError(f"the tokenizer lacks the {family} special tokens {missing}; add them before saving")
     named = {role: roles[role] for role in ("bos_token", "eos_token", "pad_token", "mask_token")}
     # like the released configs, the extra specials are everything the named roles do not cover
     extra = [s for s in SPECIAL_TOKENS[family] if s not in named.values()]
+    specials = ([unk_token] if unk_token else []) + SPECIAL_TOKENS[family]
     added = {
-        str(vocab[s]): {
+        str(tok.token_to_id(s)): {
             "content": s,
             "lstrip": False,
             "normalized": False,
@@ -145,13 +158,13 @@ def write_tokenizer_files(folder: str | Path, family: str, *, model_max_length: 
             "single_word": False,
             "special": True,
         }
-        for s in [UNK_TOKEN, *SPECIAL_TOKENS[family]]
+        for s in specials
     }
     config = {
         "added_tokens_decoder": added,
         "additional_special_tokens": extra,
         **named,
-        "unk_token": UNK_TOKEN,
+        **({"unk_token": unk_token} if unk_token else {}),
         "add_bos_token": False,
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
@@ -159,7 +172,7 @@ def write_tokenizer_files(folder: str | Path, family: str, *, model_max_length: 
         "tokenizer_class": "PreTrainedTokenizerFast",
         "chat_template": CHAT_TEMPLATES[family],
     }
-    special_map = {**named, "unk_token": UNK_TOKEN, "additional_special_tokens": extra}
+    special_map = {**named, **({"unk_token": unk_token} if unk_token else {}), "additional_special_tokens": extra}
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     (folder / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2) + "\n")
-    return special_ids(family)
+    return {role: tok.token_to_id(s) for role, s in roles.items()}
