@@ -101,12 +101,6 @@ def tiny_vocab(family: str) -> dict[str, int]:
     return {tok: i for i, tok in enumerate(BASE_VOCAB + SPECIAL_TOKENS[family])}
 
 
-def special_ids(family: str) -> dict[str, int]:
-    """Role (bos/eos/pad/mask/eot) -> id in the family's toy tokenizer."""
-    vocab = tiny_vocab(family)
-    return {role: vocab[tok] for role, tok in ROLES[family].items()}
-
-
 def build_tokenizer(family: str) -> Tokenizer:
     """The family's toy `tokenizers.Tokenizer`; deterministic, no download."""
     tok = Tokenizer(models.WordLevel(vocab=tiny_vocab(family), unk_token=UNK_TOKEN))
