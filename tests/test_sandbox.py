@@ -1,0 +1,153 @@
+"""tracelock.sandbox: real sandboxed subprocesses, no mocks."""
+
+import json
+import os
+import signal
+import socket
+import tempfile
+import time
+
+import pytest
+
+from tracelock import sandbox
+from tracelock.sandbox import check_many, check_program, run_python
+
+FEATURES = sandbox.probe_isolation()
+
+
+def _gone(pid: int, within: float = 3.0) -> bool:
+    """True once ``pid`` no longer exists or is a zombie (a container's init may not reap orphans)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _pids(stdout: str) -> list[int]:
+    return [int(line) for line in stdout.split()]
+
+
+def test_ok_program():
+    r = run_python("print('hello')")
+    assert (r.status, r.returncode, r.stdout, r.stderr) == ("ok", 0, "hello\n", "")
+    assert 0 < r.seconds < 5
+
+
+def test_syntax_errors_are_classified_without_running():
+    for source in ("def f(:\n    pass\n", "def f():\nreturn 1\n", "x = 1\0"):
+        r = run_python(source)
+        assert r.status == "syntax_error" and r.returncode is None, source
+        assert "Error" in r.stderr
+
+
+def test_runtime_error_and_failing_assert():
+    r = run_python("raise ValueError('boom')")
+    assert (r.status, r.returncode) == ("runtime_error", 1)
+    assert r.stderr.rstrip().endswith("ValueError: boom")
+    r = run_python("assert 1 + 1 == 3, 'bad sum'")
+    assert r.status == "runtime_error" and "AssertionError: bad sum" in r.stderr
+
+
+def test_wall_timeout_kills_the_process_group():
+    src = "import subprocess\np = subprocess.Popen(['sleep', '30'])\nprint(p.pid, flush=True)\nwhile True:\n    pass\n"
+    t0 = time.monotonic()
+    r = run_python(src, timeout=1, cpu_seconds=10)
+    assert r.status == "timeout" and r.returncode is None
+    assert time.monotonic() - t0 < 3
+    (child,) = _pids(r.stdout)
+    assert _gone(child), "the sandboxed program's child survived the timeout"
+
+
+def test_cpu_limit_kills():
+    r = run_python("while True:\n    pass\n", timeout=10, cpu_seconds=1)
+    assert r.status == "killed"
+    assert r.returncode in (-signal.SIGXCPU, -signal.SIGKILL)
+    assert r.seconds < 5
+
+
+def test_memory_bomb_fails():
+    r = run_python("b = bytearray(2 * 1024**3)\nprint('allocated')", memory_mb=256)
+    assert r.status == "killed" and "allocated" not in r.stdout
+    assert "MemoryError" in r.stderr
+    assert run_python("b = bytearray(64 * 1024**2)", memory_mb=256).status == "ok"  # the limit is not too tight
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and not FEATURES["drop_privileges"],
+                    reason="running as root and cannot drop to nobody: the kernel ignores RLIMIT_NPROC for root")
+def test_process_limit_stops_spawning_and_everything_is_cleaned_up():
+    src = ("import subprocess\n"
+           "for _ in range(50):\n"
+           "    print(subprocess.Popen(['sleep', '30']).pid, flush=True)\n")
+    r = run_python(src, max_processes=4)
+    assert r.status == "killed", r
+    assert "Resource temporarily unavailable" in r.stderr
+    pids = _pids(r.stdout)
+    assert len(pids) < 50
+    assert all(_gone(pid) for pid in pids), "spawned children outlived the run"
+
+
+def test_file_size_limit():
+    src = "with open('big.bin', 'wb') as f:\n    f.write(b'x' * (5 << 20))\n"
+    r = run_python(src, max_file_mb=1)
+    assert r.status == "killed" and "File too large" in r.stderr
+    assert run_python(src.replace("5 << 20", "512 << 10"), max_file_mb=1).status == "ok"
+
+
+def test_fresh_working_directory_is_removed_and_environment_scrubbed(monkeypatch):
+    monkeypatch.setenv("TRACELOCK_SANDBOX_CANARY", "leaked")
+    src = "import json, os\nopen('scratch.txt', 'w').write('x')\nprint(json.dumps([os.getcwd(), dict(os.environ)]))"
+    r = run_python(src)
+    assert r.status == "ok", r.stderr
+    cwd, env = json.loads(r.stdout)
+    assert os.path.dirname(cwd) == tempfile.gettempdir() and cwd != os.getcwd()
+    assert not os.path.exists(cwd), "the temporary working directory was not deleted"
+    assert "TRACELOCK_SANDBOX_CANARY" not in env
+    assert env == {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
+                   "PYTHONDONTWRITEBYTECODE": "1", "HOME": cwd}
+    assert run_python("import sys\nprint(sys.stdin.read() == '')").stdout == "True\n"  # stdin gives nothing
+
+
+def test_output_is_truncated():
+    r = run_python("import sys\nprint('x' * 100000)\nsys.stderr.write('e' * 100000 + 'END')\nraise SystemExit(3)")
+    assert r.status == "runtime_error" and r.returncode == 3
+    assert len(r.stdout) < 2 * sandbox.OUTPUT_LIMIT and r.stdout.endswith("[... truncated]")
+    assert len(r.stderr) < 2 * sandbox.OUTPUT_LIMIT and r.stderr.endswith("END")
+
+
+@pytest.mark.skipif(not FEATURES["network_isolation"], reason="unshare(CLONE_NEWNET) is not permitted here")
+def test_network_is_isolated():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        src = f"import socket\nsocket.create_connection(('127.0.0.1', {server.getsockname()[1]}), timeout=2)\n"
+        blocked = run_python(src)
+        assert blocked.status == "runtime_error" and "OSError" in blocked.stderr, blocked
+        assert run_python(src, network=True).status == "ok"  # control: the same connect works without isolation
+
+
+def test_check_program_humaneval_style():
+    tests = "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(3) == 9\n"
+    passing = check_program("def square(x):\n    return x * x\n", tests, entry_point="square")
+    assert passing.status == "ok", passing.stderr
+    failing = check_program("def square(x):\n    return x + x\n", tests, entry_point="square")
+    assert failing.status == "runtime_error" and "AssertionError" in failing.stderr
+    assert check_program("def square(x)\n    return x\n", tests, entry_point="square").status == "syntax_error"
+    with pytest.raises(ValueError, match="entry_point"):
+        check_program("", tests, entry_point="square); import os; (")
+
+
+def test_check_many_keeps_order_and_runs_concurrently():
+    tests = "def check(candidate):\n    assert candidate() == {i}\n"
+    jobs = [(f"import time\ndef f():\n    time.sleep(0.5)\n    return {i}\n", tests.format(i=i if i != 2 else -1), "f")
+            for i in range(4)]
+    t0 = time.monotonic()
+    results = check_many(jobs, workers=4)
+    elapsed = time.monotonic() - t0
+    assert [r.status for r in results] == ["ok", "ok", "runtime_error", "ok"]
+    assert elapsed < 1.6, f"4 x 0.5 s jobs with 4 workers took {elapsed:.2f} s"
