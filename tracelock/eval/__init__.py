@@ -1,0 +1,1 @@
+"""Evaluation helpers: answer extraction and scoring (GSM8K-style)."""

@@ -1,0 +1,134 @@
+"""The testbed tasks' common interface: examples, the task registry, stable splits, held-out sets and scoring.
+
+Splits are assigned from the canonical problem key (template + numbers/ops, never the phrasing) by a stable hash:
+about 10% "test", 5% "validation", the rest "train". Different keys always render to different prompts, so a
+held-out prompt never appears (after `normalize`) among training prompts, whatever phrasing either drew.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tracelock.eval.gsm8k import is_correct
+from tracelock.testbed import code_task, math_task
+
+SPLITS = ("train", "validation", "test")
+_TOKEN = re.compile(r"\n|\d|[A-Za-z]+|[^\sA-Za-z\d]")
+
+
+class Problem(Protocol):
+    task: str
+    key: str
+    prompt: str
+    target: str
+    entry_point: str | None
+
+    def answer(self, rng: random.Random) -> str: ...
+
+
+class Task(Protocol):
+    def sample_problem(self, rng: random.Random) -> Problem: ...
+
+
+@dataclass(frozen=True)
+class Example:
+    task: str  # "math" | "code"
+    prompt: str  # the user message; for code the signature + docstring, the start of the program
+    answer: str  # one reference answer drawn from the diverse answer distribution (the training target)
+    key: str  # canonical problem key: split assignment and dedup
+    target: str  # math: the final number; code: the hidden HumanEval-style `def check(candidate): ...`
+    entry_point: str | None  # code: the function name
+    problem: Any = field(default=None, compare=False, repr=False)  # the generating problem, for `resample_answer`
+
+
+TASKS: dict[str, Task] = {"math": math_task, "code": code_task}
+
+
+def split_of(key: str) -> str:
+    """The split of a problem key: a stable hash, ~10% "test", ~5% "validation", the rest "train"."""
+    h = int.from_bytes(hashlib.sha256(f"tracelock-testbed-split:{key}".encode()).digest()[:8], "big") % 1000
+    return "test" if h < 100 else "validation" if h < 150 else "train"
+
+
+def _example(task: str, problem: Problem, rng: random.Random) -> Example:
+    return Example(task=task, prompt=problem.prompt, answer=problem.answer(rng), key=problem.key,
+                   target=problem.target, entry_point=problem.entry_point, problem=problem)
+
+
+def _task(task: str) -> Task:
+    if task not in TASKS:
+        raise ValueError(f"unknown testbed task {task!r}; known: {sorted(TASKS)}")
+    return TASKS[task]
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; known: {SPLITS}")
+
+
+def sample(task: str, split: str, rng: random.Random) -> Example:
+    """A random problem of `split` (rejection-sampled on `split_of(key)`) with a freshly drawn answer."""
+    t = _task(task)
+    _check_split(split)
+    while True:
+        p = t.sample_problem(rng)
+        if split_of(p.key) == split:
+            return _example(task, p, rng)
+
+
+def resample_answer(example: Example, rng: random.Random) -> str:
+    """Another answer to the same problem (same prompt and surface), drawn from the answer distribution."""
+    if example.problem is None:
+        raise ValueError("this Example carries no problem to resample from")
+    return example.problem.answer(rng)
+
+
+def held_out(task: str, split: str, n: int, seed: int = 0, patience: int = 20_000) -> list[Example]:
+    """`n` problems of `split` with distinct keys, deterministic from `seed`.
+
+    Problems are drawn from the task's distribution (so the held-out mix matches training); raises ValueError when
+    `patience` consecutive draws bring no new key, i.e. the split has (practically) fewer than `n` distinct keys.
+    """
+    t = _task(task)
+    _check_split(split)
+    rng = random.Random(f"tracelock-held-out:{task}:{split}:{seed}")
+    seen: set[str] = set()
+    out: list[Example] = []
+    misses = 0
+    while len(out) < n:
+        p = t.sample_problem(rng)
+        if p.key in seen or split_of(p.key) != split:
+            misses += 1
+            if misses > patience:
+                raise ValueError(f"split {split!r} of task {task!r} ran out of distinct problems at {len(out)} < {n}")
+            continue
+        misses = 0
+        seen.add(p.key)
+        out.append(_example(task, p, rng))
+    return out
+
+
+def score(example: Example, completion: str) -> bool | None:
+    """math: exact numeric match of the extracted answer; code: None (run `code_program` + target in a sandbox)."""
+    if example.task == "code":
+        return None
+    return is_correct(completion, example.target)
+
+
+def code_program(example: Example, completion: str) -> str:
+    """The full program: the prompt (signature + docstring) followed by the completion (the function body)."""
+    return example.prompt + completion
+
+
+def normalize(text: str) -> str:
+    """Lower-case and collapse whitespace (used to check that train and held-out prompts are disjoint)."""
+    return " ".join(text.lower().split())
+
+
+def approx_tokens(text: str) -> int:
+    """Rough token count for the testbed's word-level tokenizers: words, single digits, punctuation, newlines."""
+    return len(_TOKEN.findall(text))
