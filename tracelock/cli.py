@@ -25,6 +25,34 @@ def _generate(args):
     return run_generate(args)
 
 
+def _testbed_train(args):
+    import dataclasses
+
+    from tracelock.testbed.train import TrainConfig, train
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
+    out = train(cfg, resume=args.resume)
+    print(f"trained testbed model written to {out}")
+
+
+def _add_testbed_train(sub):
+    from tracelock.testbed.train import TrainConfig
+
+    p = sub.add_parser("testbed-train", help="train the bundled testbed model (LLaDA SFT objective, resumable)")
+    p.add_argument("--out", required=True, help="run folder: checkpoint files, train_state.*, final weights")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last saved step")
+    defaults = TrainConfig(out="")
+    for name in ("seed", "steps", "batch_size", "d_model", "n_layers", "n_heads", "mlp", "save_every", "threads",
+                 "vocab_size", "tokenizer_corpus"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=None,
+                       help=f"default {getattr(defaults, name)}")
+    for name in ("lr", "long_fraction"):
+        p.add_argument("--" + name.replace("_", "-"), type=float, default=None,
+                       help=f"default {getattr(defaults, name)}")
+    p.set_defaults(func=_testbed_train)
+
+
 def _add_generate(sub):
     p = sub.add_parser("generate", help="decode prompts with a commitment policy, JSONL out")
     p.add_argument("--model", required=True, help="checkpoint folder (LLaDA, Dream or a tiny one)")
@@ -65,6 +93,7 @@ def build_parser():
     p.add_argument("--out", required=True, help="folder to write")
     p.set_defaults(func=_tiny_checkpoint)
     _add_generate(sub)
+    _add_testbed_train(sub)
     return parser
 
 

@@ -1,0 +1,66 @@
+"""The testbed model's folder: a byte-level BPE trained on task text, a LLaDA config, official-key weights.
+
+The tokenizer is trained with `tokenizers` on a corpus the task generators produce from the seed, so it
+is reproducible offline. Digits are split one per token (arithmetic stays learnable) and byte-level BPE
+keeps whitespace exactly, so generated Python keeps its indentation.
+"""
+
+import json
+import random
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from tracelock.models.keys import official_keys
+from tracelock.models.spec import ModelSpec
+from tracelock.models.tiny import generation_config, llada_config, save_weights
+from tracelock.models.tiny_tokenizer import SPECIAL_TOKENS, save_tokenizer
+
+FAMILY = "llada"
+
+
+def corpus(tasks, n: int, seed: int):
+    """Prompts and answers of ``n`` training examples, alternating tasks (for the tokenizer)."""
+    from tracelock.testbed.tasks import sample
+
+    rng = random.Random(seed)
+    for i in range(n):
+        ex = sample(tasks[i % len(tasks)], "train", rng)
+        yield ex.prompt
+        yield ex.answer
+
+
+def train_tokenizer(tasks, *, vocab_size: int, corpus_size: int, seed: int) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
+                                  special_tokens=SPECIAL_TOKENS[FAMILY],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus(tasks, corpus_size, seed), trainer=trainer)
+    return tok
+
+
+def write_folder_files(folder: Path, tok: Tokenizer, sizes: dict, max_positions: int) -> ModelSpec:
+    """Tokenizer files, config.json and generation_config.json; returns the folder's `ModelSpec`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = save_tokenizer(folder, tok, FAMILY, model_max_length=max_positions)
+    # embedding rows padded to a multiple of 64, like the real checkpoints pad theirs to a multiple of 128
+    rows = -(-tok.get_vocab_size() // 64) * 64
+    config = llada_config(sizes["d_model"], sizes["n_heads"], sizes["n_heads"], sizes["n_layers"], sizes["mlp"], ids,
+                          vocab_rows=rows, max_positions=max_positions)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (folder / "generation_config.json").write_text(json.dumps(generation_config(FAMILY, ids), indent=2) + "\n")
+    return ModelSpec.from_pretrained(folder)
+
+
+def export_weights(folder: Path, model) -> None:
+    """Our parameters -> official LLaDA key names, bf16, like the released checkpoints."""
+    ours_to_official = {v: k for k, v in official_keys(model.spec).items()}
+    state = {ours_to_official[name]: p.detach().to(torch.bfloat16).contiguous().clone()
+             for name, p in model.state_dict().items()}
+    save_weights(folder, state, shards=1)

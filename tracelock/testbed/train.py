@@ -1,0 +1,215 @@
+"""`tracelock testbed-train`: train the bundled testbed model with LLaDA's SFT objective.
+
+Each answer token (the end-of-turn token and the eos padding included) is masked with probability
+t ~ U(eps, 1) per row, and the loss is the cross-entropy on masked positions weighted by 1/t, summed and
+divided by the answer length (LLaDA's SFT loss). Batches are a pure function of (seed, step), so a run
+resumes exactly: the state (fp32 weights, AdamW moments, step, losses) is saved atomically as
+safetensors + JSON every ``save_every`` steps; nothing is pickled.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from tracelock.models.backbone import DiffusionBackbone
+from tracelock.models.loading import load_tokenizer
+from tracelock.testbed.model_files import export_weights, train_tokenizer, write_folder_files
+
+
+@dataclass
+class TrainConfig:
+    out: str
+    seed: int = 0
+    steps: int = 1800
+    batch_size: int = 64
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.01
+    d_model: int = 256
+    n_layers: int = 6
+    n_heads: int = 4
+    mlp: int = 768
+    vocab_size: int = 1024
+    tokenizer_corpus: int = 20000
+    max_positions: int = 512
+    long_fraction: float = 0.25  # share of batches whose generation region is 128 instead of 64
+    eps: float = 1e-3
+    tasks: tuple = ("math", "code")
+    save_every: int = 100
+    # NOTE: bf16 autocast made a step ~30x slower on this 2-core CPU (57 s vs 1.9 s); fp32 is the default
+    bf16: bool = False
+    threads: int = 0  # 0: torch's default
+
+
+def _weights_config(config: dict) -> dict:
+    """The settings that determine the weights (JSON-normalised), for the resume check."""
+    return {k: v for k, v in json.loads(json.dumps(config)).items() if k not in ("out", "save_every", "threads")}
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+class Batches:
+    """Training batches as a pure function of (seed, step): a resumed run sees the same data."""
+
+    def __init__(self, cfg: TrainConfig, tokenizer, spec):
+        from tracelock.testbed.tasks import sample
+
+        self.cfg, self.tok, self.spec, self.sample = cfg, tokenizer, spec, sample
+
+    def encode_prompt(self, text: str) -> list:
+        chat = self.tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                            add_generation_prompt=True)
+        return self.tok(chat, add_special_tokens=False)["input_ids"]
+
+    def __call__(self, step: int):
+        cfg, spec = self.cfg, self.spec
+        rng = random.Random(cfg.seed * 1_000_003 + step)
+        gen = 128 if rng.random() < cfg.long_fraction else 64
+        prompts, answers = [], []
+        for i in range(cfg.batch_size):
+            ex = self.sample(cfg.tasks[i % len(cfg.tasks)], "train", rng)
+            answer = self.tok(ex.answer, add_special_tokens=False)["input_ids"] + [spec.eot_id]
+            if len(answer) > gen:
+                raise ValueError(f"a {ex.task} answer has {len(answer)} tokens, more than gen length {gen}")
+            prompts.append(self.encode_prompt(ex.prompt))
+            answers.append(answer)
+        # [prompt | answer <|eot_id|> | eos ...]: every row ends at the same length, so the answer region of a
+        # shorter prompt is longer; the model learns to fill any tail with eos, as in LLaDA's SFT
+        L = max(map(len, prompts)) + gen
+        x = torch.full((cfg.batch_size, L), spec.eos_id, dtype=torch.long)
+        answer_region = torch.zeros((cfg.batch_size, L), dtype=torch.bool)
+        for i, (p, a) in enumerate(zip(prompts, answers)):
+            x[i, :len(p)] = torch.tensor(p)
+            x[i, len(p):len(p) + len(a)] = torch.tensor(a)
+            answer_region[i, len(p):] = True
+        return x, answer_region
+
+
+def sft_loss(model, x, answer_region, generator, eps):
+    B, L = x.shape
+    t = eps + (1 - eps) * torch.rand(B, generator=generator)
+    masked = answer_region & (torch.rand(B, L, generator=generator) < t[:, None])
+    # every row trains on at least one position: the first answer position if the draw masked none
+    none = ~masked.any(1)
+    first = answer_region.float().argmax(1)
+    masked[none, first[none]] = True
+    noisy = x.masked_fill(masked, model.spec.mask_id)
+    hidden = model(noisy, return_logits=False, return_taps=True).taps[2]
+    logits = model.lm_head(hidden[masked]).float()
+    token_loss = F.cross_entropy(logits, x[masked], reduction="none") / t[:, None].expand(B, L)[masked]
+    answer_len = answer_region.sum(1, keepdim=True).expand(B, L)[masked]
+    return (token_loss / answer_len).sum() / B
+
+
+def _lr(cfg: TrainConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _save_state(out: Path, model, opt, step: int, log: dict) -> None:
+    tensors = {f"model/{n}": p.detach().contiguous() for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        for k, v in opt.state.get(p, {}).items():
+            tensors[f"opt/{n}/{k}"] = v.detach().reshape(v.shape).contiguous()
+    _atomic_write(out / "train_state.safetensors", lambda p: save_file(tensors, str(p)))
+    _atomic_write(out / "train_state.json", lambda p: p.write_text(json.dumps({**log, "step": step}, indent=1)))
+
+
+def _load_state(out: Path, model, opt) -> tuple:
+    log = json.loads((out / "train_state.json").read_text())
+    tensors = load_file(str(out / "train_state.safetensors"))
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for n, p in params.items():
+            p.copy_(tensors[f"model/{n}"])
+    for key, v in tensors.items():
+        if key.startswith("opt/"):
+            n, k = key[4:].rsplit("/", 1)
+            opt.state[params[n]][k] = v
+    return log["step"], log
+
+
+def _build(cfg: TrainConfig, out: Path):
+    """Tokenizer and config files (fresh run) or the existing ones (resume), and an initialised model."""
+    if not (out / "config.json").exists():
+        tok = train_tokenizer(cfg.tasks, vocab_size=cfg.vocab_size, corpus_size=cfg.tokenizer_corpus, seed=cfg.seed)
+        sizes = dict(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, mlp=cfg.mlp)
+        write_folder_files(out, tok, sizes, cfg.max_positions)
+    from tracelock.models.spec import ModelSpec
+
+    spec = ModelSpec.from_pretrained(out)
+    torch.manual_seed(cfg.seed)
+    model = DiffusionBackbone(spec)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            else:
+                # small init; output projections scaled down with depth (GPT-2 style)
+                std = 0.02 / (math.sqrt(2 * spec.num_layers) if name.endswith(("o_proj.weight", "down_proj.weight"))
+                              else 1.0)
+                p.normal_(0.0, std)
+    return model, load_tokenizer(out)
+
+
+def train(cfg: TrainConfig, resume: bool = True, progress: bool = True) -> Path:
+    out = Path(cfg.out)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    fresh = not (out / "train_state.json").exists()
+    if not fresh and not resume:
+        raise FileExistsError(f"{out} holds a training run; pass --resume to continue it or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    model, tok = _build(cfg, out)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    start, log = 0, {"config": dataclasses.asdict(cfg), "loss": [], "seconds": 0.0}
+    if not fresh:
+        start, log = _load_state(out, model, opt)
+        if _weights_config(log["config"]) != _weights_config(dataclasses.asdict(cfg)):
+            raise ValueError(f"{out} was trained with another configuration; resume with the same arguments")
+    batches = Batches(cfg, tok, model.spec)
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, unit="step")
+    t0, window = time.perf_counter(), []
+    for step in bar:
+        x, region = batches(step)
+        gen = torch.Generator().manual_seed(cfg.seed * 7_000_003 + step)
+        for group in opt.param_groups:
+            group["lr"] = _lr(cfg, step)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            loss = sft_loss(model, x, region, gen, cfg.eps)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        window.append(loss.item())
+        if (step + 1) % 10 == 0:
+            log["loss"].append([step + 1, sum(window) / len(window)])
+            bar.set_postfix(loss=f"{log['loss'][-1][1]:.3f}")
+            window = []
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            log["seconds"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            _save_state(out, model, opt, step + 1, log)
+    export_weights(out, model)
+    return out
