@@ -25,6 +25,26 @@ def _generate(args):
     return run_generate(args)
 
 
+def _demo(args):
+    from tracelock.testbed.demo import run_demo
+
+    return run_demo(args)
+
+
+def _add_demo(sub):
+    p = sub.add_parser("demo", help="decode held-out testbed items with every heuristic baseline; print the table")
+    p.add_argument("--model", default="testbed", help="checkpoint folder (default: the bundled testbed model)")
+    p.add_argument("--tasks", default="math,code", help="comma-separated testbed tasks")
+    p.add_argument("--n", type=int, default=48, help="held-out items per task")
+    p.add_argument("--gen-length", type=int, default=64)
+    sched = p.add_mutually_exclusive_group()
+    sched.add_argument("--block", type=int, help="semi-AR block length (default 16 when no window is given)")
+    sched.add_argument("--window", type=int, help="soft-crop window width")
+    p.add_argument("--batch-size", type=int, default=48)
+    p.add_argument("--seed", type=int, default=0, help="seed of the held-out sample")
+    p.set_defaults(func=_demo)
+
+
 def _testbed_train(args):
     import dataclasses
 
@@ -94,6 +114,7 @@ def build_parser():
     p.set_defaults(func=_tiny_checkpoint)
     _add_generate(sub)
     _add_testbed_train(sub)
+    _add_demo(sub)
     return parser
 
 

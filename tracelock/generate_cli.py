@@ -9,6 +9,7 @@ from tqdm import tqdm
 
 from tracelock.generate import fused_generate
 from tracelock.models import load_model, load_tokenizer
+from tracelock.text import decode_answer, encode_prompt
 
 
 def read_prompts(args) -> list:
@@ -31,22 +32,6 @@ def read_prompts(args) -> list:
     return prompts
 
 
-def encode(tokenizer, prompt: str, chat: bool) -> list:
-    if chat and tokenizer.chat_template:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
-
-
-def answer_ids(generated: list, end_ids) -> list:
-    """The generated ids up to (not including) the first end token."""
-    for i, t in enumerate(generated):
-        if t in end_ids:
-            return generated[:i]
-    return generated
-
-
 def run_generate(args) -> int:
     from tracelock.cli import parse_policy_args
 
@@ -64,7 +49,7 @@ def run_generate(args) -> int:
         bar = tqdm(total=len(prompts), disable=len(prompts) < 2, file=sys.stderr, unit="prompt")
         for start in range(0, len(prompts), args.batch_size):
             batch = prompts[start:start + args.batch_size]
-            ids = [encode(tokenizer, p, not args.no_chat_template) for p in batch]
+            ids = [encode_prompt(tokenizer, p, not args.no_chat_template) for p in batch]
             tokens, stats = fused_generate(model, ids, policy=args.policy, policy_args=policy_args,
                                            gen_length=args.gen_length, block=args.block, window=args.window,
                                            temperature=args.temperature, cfg_scale=args.cfg_scale,
@@ -73,8 +58,7 @@ def run_generate(args) -> int:
             P = tokens.shape[1] - args.gen_length
             for row, prompt in enumerate(batch):
                 generated = tokens[row, P:].tolist()
-                answer = answer_ids(generated, model.spec.end_ids)
-                record = dict(prompt=prompt, text=tokenizer.decode(answer, skip_special_tokens=True),
+                record = dict(prompt=prompt, text=decode_answer(tokenizer, generated, model.spec.end_ids),
                               token_ids=generated, steps=stats.steps[row],
                               seconds=stats.seconds / len(batch), settings=settings)
                 out.write(json.dumps(record) + "\n")

@@ -16,6 +16,21 @@ _SUPPORTED_DTYPES = {
 }
 
 
+# names that load a model shipped inside the package
+BUNDLED = {"testbed": Path(__file__).resolve().parent.parent / "testbed" / "model"}
+
+
+def resolve_path(path) -> Path:
+    """A checkpoint folder, or the folder of a bundled model name ("testbed")."""
+    folder = Path(path)
+    if not folder.exists() and str(path) in BUNDLED:
+        folder = BUNDLED[str(path)]
+        if not (folder / "config.json").exists():
+            raise CheckpointError(f"the bundled {path!r} model is missing from this install ({folder}); "
+                                  f"train it with `tracelock testbed-train --out DIR` and load DIR")
+    return folder
+
+
 def check_dtype(dtype, device) -> None:
     device = torch.device(device)
     if not isinstance(dtype, torch.dtype):
@@ -53,7 +68,8 @@ def load_model(path, *, dtype=torch.float32, device="cpu") -> DiffusionBackbone:
     """Load an HF checkpoint folder of LLaDA or Dream (official key names) as a frozen `DiffusionBackbone`.
 
     Args:
-        path: folder with config.json, tokenizer files and model.safetensors (or a sharded index).
+        path: folder with config.json, tokenizer files and model.safetensors (or a sharded index), or
+            "testbed" for the bundled testbed model.
         dtype (torch.dtype): parameter dtype. Default: torch.float32.
         device: "cpu" or "cuda[:i]". Default: "cpu".
 
@@ -61,7 +77,7 @@ def load_model(path, *, dtype=torch.float32, device="cpu") -> DiffusionBackbone:
         DiffusionBackbone in eval mode with ``requires_grad=False``; ``model.spec`` is its `ModelSpec`.
     """
     check_dtype(dtype, device)
-    folder = Path(path)
+    folder = resolve_path(path)
     spec = ModelSpec.from_pretrained(folder)
     files = _tensor_files(folder)
     expected = official_keys(spec)
@@ -99,7 +115,7 @@ def load_tokenizer(path):
     """The checkpoint's tokenizer through transformers' classes, offline (never trust_remote_code)."""
     from transformers import PreTrainedTokenizerFast, Qwen2TokenizerFast
 
-    folder = Path(path)
+    folder = resolve_path(path)
     if (folder / "tokenizer.json").exists():
         tok = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
     elif (folder / "vocab.json").exists() and (folder / "merges.txt").exists():

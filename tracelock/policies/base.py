@@ -37,6 +37,7 @@ class StepInput:
         positions (torch.LongTensor): [B, R] canvas position of each slot (slots past the region repeat
             the last position and are inactive).
         state (torch.Tensor): [B, L] uint8 position states before this step's commits.
+        rows (torch.LongTensor): [B] index of each row in the caller's batch (finished rows drop out).
         taps (tuple, optional): only for policies with ``needs_taps``: h_{n-2}, h_{n-1}, norm_f(h_n), each
             [B, T, D], for canvas positions [0, T) with T the furthest region end (the family's shift applied).
     """
@@ -49,6 +50,7 @@ class StepInput:
     steps_per_region: int
     positions: torch.Tensor | None = None
     state: torch.Tensor | None = None
+    rows: torch.Tensor | None = None
     taps: tuple | None = None
 
 

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from tracelock.models.backbone import DiffusionBackbone
 from tracelock.models.loading import load_tokenizer
 from tracelock.testbed.model_files import export_weights, train_tokenizer, write_folder_files
+from tracelock.text import encode_prompt
 
 
 @dataclass
@@ -71,11 +72,6 @@ class Batches:
 
         self.cfg, self.tok, self.spec, self.sample = cfg, tokenizer, spec, sample
 
-    def encode_prompt(self, text: str) -> list:
-        chat = self.tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                            add_generation_prompt=True)
-        return self.tok(chat, add_special_tokens=False)["input_ids"]
-
     def __call__(self, step: int):
         cfg, spec = self.cfg, self.spec
         rng = random.Random(cfg.seed * 1_000_003 + step)
@@ -86,7 +82,7 @@ class Batches:
             answer = self.tok(ex.answer, add_special_tokens=False)["input_ids"] + [spec.eot_id]
             if len(answer) > gen:
                 raise ValueError(f"a {ex.task} answer has {len(answer)} tokens, more than gen length {gen}")
-            prompts.append(self.encode_prompt(ex.prompt))
+            prompts.append(encode_prompt(self.tok, ex.prompt))
             answers.append(answer)
         # [prompt | answer <|eot_id|> | eos ...]: every row ends at the same length, so the answer region of a
         # shorter prompt is longer; the model learns to fill any tail with eos, as in LLaDA's SFT

@@ -1,0 +1,109 @@
+"""Quality vs steps on the testbed: decode held-out items with each policy, score them, tabulate.
+
+Math is scored by exact match of the extracted final number; code by running the completed function
+against its hidden tests in the sandbox (pass@1). Every policy decodes the same items with the same
+model and settings, so accuracy and steps are comparable row by row.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tracelock.generate import fused_generate
+from tracelock.policies.oracle import OraclePolicy
+from tracelock.sandbox import check_many
+from tracelock.testbed.tasks import code_program, score
+from tracelock.text import decode_answer, encode_prompt
+
+
+def baseline_policies(gen_length: int) -> list:
+    """(label, policy name, policy args): the heuristic rows of the quality-vs-steps table."""
+    return [
+        ("confidence 1/step", "confidence", {}),
+        ("confidence 2/step", "confidence", {"steps": gen_length // 2}),
+        ("confidence 4/step", "confidence", {"steps": gen_length // 4}),
+        ("threshold 0.9", "threshold", {"tau": 0.9}),
+        ("threshold 0.7", "threshold", {"tau": 0.7}),
+        ("threshold 0.5", "threshold", {"tau": 0.5}),
+        ("random 1/step", "random", {}),
+    ]
+
+
+@dataclass
+class PolicyResult:
+    label: str
+    accuracy: float
+    avg_steps: float
+    seconds_per_item: float
+    correct: list = field(repr=False)
+    completions: list = field(repr=False)
+    canvas: torch.Tensor = field(repr=False, default=None)
+
+
+def decode(model, tokenizer, items, *, policy, policy_args=None, gen_length, block=None, window=None,
+           batch_size=64, seed=0):
+    """Completions, per-item steps, seconds, and the final canvases [N, P + gen_length] (one layout)."""
+    prompts = [encode_prompt(tokenizer, ex.prompt) for ex in items]
+    # one left-padded layout for all items, so a reference canvas lines up with any later run's rows
+    P = max(map(len, prompts))
+    ids = torch.full((len(prompts), P), model.spec.pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        ids[i, P - len(p):], mask[i, P - len(p):] = torch.tensor(p), True
+    canvases, steps, seconds = [], [], 0.0
+    for start in range(0, len(items), batch_size):
+        sl = slice(start, start + batch_size)
+        pol = policy(start, sl) if callable(policy) and not isinstance(policy, str) else policy
+        tokens, stats = fused_generate(model, ids[sl], attention_mask=mask[sl], policy=pol,
+                                       policy_args=policy_args, gen_length=gen_length, block=block, window=window,
+                                       seed=seed + start)
+        canvases.append(tokens)
+        steps += stats.steps
+        seconds += stats.seconds
+    canvas = torch.cat(canvases)
+    completions = [decode_answer(tokenizer, row[P:].tolist(), model.spec.end_ids) for row in canvas]
+    return completions, steps, seconds, canvas
+
+
+def score_items(items, completions, workers: int = 2) -> list:
+    """[bool] per item: exact match for math, hidden tests in the sandbox for code."""
+    results = [score(ex, c) for ex, c in zip(items, completions)]
+    code = [i for i, r in enumerate(results) if r is None]
+    jobs = [(code_program(items[i], completions[i]), items[i].target, items[i].entry_point) for i in code]
+    for i, run in zip(code, check_many(jobs, workers=workers, timeout=5.0)):
+        results[i] = run.status == "ok"
+    return results
+
+
+def evaluate_policies(model, tokenizer, items, *, gen_length, block=None, window=None, policies=None,
+                      oracle=True, batch_size=64, progress=None) -> list:
+    """One `PolicyResult` per policy, plus the oracle of the first row (confidence 1/step) when asked."""
+    rows = []
+    for label, name, args in policies or baseline_policies(gen_length):
+        if progress:
+            progress(label)
+        completions, steps, seconds, canvas = decode(model, tokenizer, items, policy=name, policy_args=args,
+                                                     gen_length=gen_length, block=block, window=window,
+                                                     batch_size=batch_size)
+        correct = score_items(items, completions)
+        rows.append(PolicyResult(label, sum(correct) / len(items), sum(steps) / len(items),
+                                 seconds / len(items), correct, completions, canvas))
+    if oracle:
+        if progress:
+            progress("oracle")
+        reference = rows[0].canvas
+        completions, steps, seconds, _ = decode(
+            model, tokenizer, items, policy=lambda start, sl: OraclePolicy(reference[sl]),
+            gen_length=gen_length, block=block, window=window, batch_size=batch_size)
+        correct = score_items(items, completions)
+        rows.append(PolicyResult(f"oracle (of {rows[0].label})", sum(correct) / len(items),
+                                 sum(steps) / len(items), seconds / len(items), correct, completions))
+    return rows
+
+
+def format_table(task: str, setting: str, rows: list) -> str:
+    lines = [f"{task}, {setting}, {len(rows[0].correct)} held-out items", "",
+             "| policy | accuracy | avg steps | s / item |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.label} | {100 * r.accuracy:.1f}% | {r.avg_steps:.1f} | {r.seconds_per_item:.3f} |")
+    return "\n".join(lines)
