@@ -78,10 +78,15 @@ class Batches:
         gen = 128 if rng.random() < cfg.long_fraction else 64
         prompts, answers = [], []
         for i in range(cfg.batch_size):
-            ex = self.sample(cfg.tasks[i % len(cfg.tasks)], "train", rng)
-            answer = self.tok(ex.answer, add_special_tokens=False)["input_ids"] + [spec.eot_id]
-            if len(answer) > gen:
-                raise ValueError(f"a {ex.task} answer has {len(answer)} tokens, more than gen length {gen}")
+            # an answer longer than the region is drawn again (never with the shipped tokenizer: the
+            # longest of 20,000 sampled answers is 55 tokens; small test tokenizers merge less)
+            for _ in range(100):
+                ex = self.sample(cfg.tasks[i % len(cfg.tasks)], "train", rng)
+                answer = self.tok(ex.answer, add_special_tokens=False)["input_ids"] + [spec.eot_id]
+                if len(answer) <= gen:
+                    break
+            else:
+                raise ValueError(f"{ex.task} answers do not fit {gen} tokens with this tokenizer; raise --vocab-size")
             prompts.append(encode_prompt(self.tok, ex.prompt))
             answers.append(answer)
         # [prompt | answer <|eot_id|> | eos ...]: every row ends at the same length, so the answer region of a
@@ -165,7 +170,11 @@ def _build(cfg: TrainConfig, out: Path):
     return model, load_tokenizer(out)
 
 
-def train(cfg: TrainConfig, resume: bool = True, progress: bool = True) -> Path:
+def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_after: int | None = None) -> Path:
+    """Run (or resume) training; returns the run folder, which holds the final weights when it completes.
+
+    ``stop_after`` ends the process-level run early after that step's state is saved (an interruption).
+    """
     out = Path(cfg.out)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -207,5 +216,7 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True) -> Path:
             log["seconds"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             _save_state(out, model, opt, step + 1, log)
+        if stop_after is not None and step + 1 >= stop_after:
+            return out
     export_weights(out, model)
     return out
