@@ -45,6 +45,25 @@ def _add_demo(sub):
     p.set_defaults(func=_demo)
 
 
+def _testbed_eval(args):
+    from tracelock.testbed.demo import run_eval
+
+    return run_eval(args)
+
+
+def _add_testbed_eval(sub):
+    p = sub.add_parser("testbed-eval", help="quality-vs-steps tables on held-out testbed items, JSON out")
+    p.add_argument("--model", default="testbed")
+    p.add_argument("--tasks", default="math,code")
+    p.add_argument("--n", type=int, default=300, help="held-out items per task")
+    p.add_argument("--settings", default="64/16,64/32,128/16,128/32", help="gen_length/width pairs")
+    p.add_argument("--schedule", choices=["block", "window"], default="block")
+    p.add_argument("--batch-size", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="JSON results file (settings already in it are skipped)")
+    p.set_defaults(func=_testbed_eval)
+
+
 def _testbed_train(args):
     import dataclasses
 
@@ -115,6 +134,7 @@ def build_parser():
     _add_generate(sub)
     _add_testbed_train(sub)
     _add_demo(sub)
+    _add_testbed_eval(sub)
     return parser
 
 
