@@ -99,3 +99,17 @@ def test_bundled_name_resolves(trained, monkeypatch, tmp_path):
         tracelock.load_model("testbed")
     monkeypatch.setattr(loading, "BUNDLED", {"testbed": Path(trained)})
     assert tracelock.load_model("testbed").spec.num_layers == 4
+
+
+def test_testbed_eval_cli_writes_and_resumes(trained, tmp_path):
+    out = tmp_path / "eval.json"
+    cmd = [sys.executable, "-m", "tracelock", "testbed-eval", "--model", str(trained), "--tasks", "math", "--n", "2",
+           "--settings", "16/8", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(out.read_text())
+    assert list(results) == ["math gen16 block8"]
+    assert results["math gen16 block8"][0]["policy"] == "confidence 1/step"
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    # a finished setting is not measured again
+    assert again.returncode == 0 and "| policy |" not in again.stdout
