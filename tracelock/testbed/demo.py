@@ -4,7 +4,7 @@ import sys
 import time
 
 from tracelock.models import load_model, load_tokenizer
-from tracelock.testbed.evaluate import evaluate_policies, format_table
+from tracelock.testbed.evaluate import demo_policies, evaluate_policies, format_table
 from tracelock.testbed.tasks import held_out
 
 
@@ -17,6 +17,7 @@ def run_demo(args) -> int:
         items = held_out(task, "test", args.n, seed=args.seed)
         rows = evaluate_policies(model, tokenizer, items, gen_length=args.gen_length,
                                  block=None if args.window else block, window=args.window,
+                                 policies=demo_policies(args.gen_length),
                                  batch_size=args.batch_size,
                                  progress=lambda label, task=task: print(f"  {task}: {label}", file=sys.stderr))
         print(format_table(task, setting, rows) + "\n")
