@@ -1,7 +1,6 @@
 """The ``tracelock`` command line: one subcommand per job."""
 
 import argparse
-import json
 import sys
 
 
@@ -146,20 +145,6 @@ def main(argv=None):
         # bad input: one clear line, no traceback
         print(f"tracelock {args.command}: error: {err}", file=sys.stderr)
         return 2
-
-
-def parse_policy_args(pairs) -> dict:
-    """["tau=0.9", "steps=32"] -> {"tau": 0.9, "steps": 32}; values are JSON when they parse, else strings."""
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--policy-arg {pair!r} must look like key=value, e.g. tau=0.9")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
 
 
 if __name__ == "__main__":

@@ -32,9 +32,21 @@ def read_prompts(args) -> list:
     return prompts
 
 
-def run_generate(args) -> int:
-    from tracelock.cli import parse_policy_args
+def parse_policy_args(pairs) -> dict:
+    """["tau=0.9", "steps=32"] -> {"tau": 0.9, "steps": 32}; values are JSON when they parse, else strings."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--policy-arg {pair!r} must look like key=value, e.g. tau=0.9")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
 
+
+def run_generate(args) -> int:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size {args.batch_size} must be >= 1")
     model = load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)

@@ -28,8 +28,9 @@ _LLADA_TO_LLAMA = [
 def _hf_key(spec: ModelSpec, key: str) -> str:
     if spec.family != "llada":
         return key
+    # in order: the top-level renames come first, so the LM head's ff_out never meets the MLP's ff_out rule
     for old, new in _LLADA_TO_LLAMA:
-        key = key.replace(old, new, 1) if old.startswith("model.transformer") else key.replace(old, new)
+        key = key.replace(old, new)
     return key
 
 

@@ -1,7 +1,10 @@
 """`tracelock demo`: the bundled testbed model, held-out items, every heuristic baseline, one table each."""
 
+import json
+import os
 import sys
 import time
+from pathlib import Path
 
 from tracelock.models import load_model, load_tokenizer
 from tracelock.testbed.evaluate import demo_policies, evaluate_policies, format_table
@@ -29,10 +32,6 @@ def run_demo(args) -> int:
 
 def run_eval(args) -> int:
     """`tracelock testbed-eval`: the quality-vs-steps tables for several settings, saved as JSON and printed."""
-    import json
-    import os
-    from pathlib import Path
-
     model, tokenizer = load_model(args.model), load_tokenizer(args.model)
     out = Path(args.out)
     results = json.loads(out.read_text()) if out.exists() else {}

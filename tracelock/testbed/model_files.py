@@ -16,14 +16,13 @@ from tracelock.models.keys import official_keys
 from tracelock.models.spec import ModelSpec
 from tracelock.models.tiny import generation_config, llada_config, save_weights
 from tracelock.models.tiny_tokenizer import SPECIAL_TOKENS, save_tokenizer
+from tracelock.testbed.tasks import sample
 
 FAMILY = "llada"
 
 
 def corpus(tasks, n: int, seed: int):
     """Prompts and answers of ``n`` training examples, alternating tasks (for the tokenizer)."""
-    from tracelock.testbed.tasks import sample
-
     rng = random.Random(seed)
     for i in range(n):
         ex = sample(tasks[i % len(tasks)], "train", rng)

@@ -23,7 +23,9 @@ from tqdm import tqdm
 
 from tracelock.models.backbone import DiffusionBackbone
 from tracelock.models.loading import load_tokenizer
+from tracelock.models.spec import ModelSpec
 from tracelock.testbed.model_files import export_weights, train_tokenizer, write_folder_files
+from tracelock.testbed.tasks import sample
 from tracelock.text import encode_prompt
 
 
@@ -68,9 +70,7 @@ class Batches:
     """Training batches as a pure function of (seed, step): a resumed run sees the same data."""
 
     def __init__(self, cfg: TrainConfig, tokenizer, spec):
-        from tracelock.testbed.tasks import sample
-
-        self.cfg, self.tok, self.spec, self.sample = cfg, tokenizer, spec, sample
+        self.cfg, self.tok, self.spec = cfg, tokenizer, spec
 
     def __call__(self, step: int):
         cfg, spec = self.cfg, self.spec
@@ -81,7 +81,7 @@ class Batches:
             # an answer longer than the region is drawn again (never with the shipped tokenizer: the
             # longest of 20,000 sampled answers is 55 tokens; small test tokenizers merge less)
             for _ in range(100):
-                ex = self.sample(cfg.tasks[i % len(cfg.tasks)], "train", rng)
+                ex = sample(cfg.tasks[i % len(cfg.tasks)], "train", rng)
                 answer = self.tok(ex.answer, add_special_tokens=False)["input_ids"] + [spec.eot_id]
                 if len(answer) <= gen:
                     break
@@ -153,8 +153,6 @@ def _build(cfg: TrainConfig, out: Path):
         tok = train_tokenizer(cfg.tasks, vocab_size=cfg.vocab_size, corpus_size=cfg.tokenizer_corpus, seed=cfg.seed)
         sizes = dict(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, mlp=cfg.mlp)
         write_folder_files(out, tok, sizes, cfg.max_positions)
-    from tracelock.models.spec import ModelSpec
-
     spec = ModelSpec.from_pretrained(out)
     torch.manual_seed(cfg.seed)
     model = DiffusionBackbone(spec)
