@@ -1,7 +1,13 @@
 """The ``tracelock`` command line: one subcommand per job."""
 
 import argparse
+import importlib
 import sys
+
+# subcommands defined beside their code: each module has `add_parsers(sub)` (keep its heavy imports inside
+# the command functions, so `tracelock --help` stays fast)
+SUBCOMMAND_MODULES = (
+)
 
 
 def _env(args):
@@ -134,6 +140,8 @@ def build_parser():
     _add_testbed_train(sub)
     _add_demo(sub)
     _add_testbed_eval(sub)
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(name).add_parsers(sub)
     return parser
 
 

@@ -8,7 +8,7 @@ from tracelock.decode.loop import run_decode
 
 def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
                    attention_mask=None, temperature=0.0, cfg_scale=0.0, stop_at_eot=False, idle_steps=False,
-                   seed=0, impl=None):
+                   seed=0, impl=None, observer=None):
     """Decode ``gen_length`` tokens after each prompt with a commitment policy.
 
     Args:
@@ -26,6 +26,8 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
         idle_steps (bool): reproduce the reference release's block-advance artifact. Default: False.
         seed (int): seed of sampling and random policies. Default: 0.
         impl (str, optional): op implementation ("torch", "cpp", "cuda"). Default: the fastest available.
+        observer (callable, optional): called with a `tracelock.decode.loop.StepRecord` at every step
+            (what trace recording uses). Default: None.
 
     Returns:
         (tokens [B, P + gen_length], DecodeStats): the whole canvas (prompt included) and the run's costs.
@@ -38,5 +40,5 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
     """
     return run_decode(model, input_ids, policy=policy, gen_length=gen_length, block=block, window=window,
                       policy_args=policy_args, attention_mask=attention_mask, temperature=temperature,
-                      cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed,
+                      cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed, observer=observer,
                       apply_commits=partial(ops.apply_commits, impl=impl))

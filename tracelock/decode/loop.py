@@ -20,6 +20,23 @@ from tracelock.signals import apply_cfg, compute_signals
 
 
 @dataclass
+class StepRecord:
+    """One decoding step as an observer sees it: the rows decoded at this step, before their commits.
+
+    Tensors are the loop's own (an observer copies what it keeps; it must not modify them).
+    """
+
+    rows: torch.Tensor  # [b] batch rows decoded at this step (finished rows drop out)
+    step: torch.Tensor  # [b] per-row step index, 0 at the row's first forward
+    x: torch.Tensor  # [b, L] canvas tokens before this step's commits (x_t)
+    state: torch.Tensor  # [b, L] position states before this step's commits
+    positions: torch.Tensor  # [b, R] canvas position of each candidate slot
+    active: torch.Tensor  # [b, R] the slot is an active position inside the commit region
+    signals: object  # tracelock.signals.Signals, [b, R] each: proposal, confidence, ...
+    chosen: torch.Tensor  # [b, R] the slots the policy commits at this step
+
+
+@dataclass
 class DecodeStats:
     """What a decoding run cost. A step is one backbone forward (NFE) of a row."""
 
@@ -78,7 +95,9 @@ def _gen_lengths(canvas: Canvas, end_ids) -> list:
 @torch.no_grad()
 def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
                attention_mask=None, temperature=0.0, cfg_scale=0.0, stop_at_eot=False, idle_steps=False, seed=0,
-               apply_commits):
+               apply_commits, observer=None):
+    """The loop behind `fused_generate` and `reference_generate` (see there); ``observer``, when given, is
+    called with a `StepRecord` at every step (trace recording)."""
     _check_options(model, temperature, cfg_scale)
     schedule = Schedule(gen_length, block, window, idle_steps)
     policy = make_policy(policy, **(policy_args or {}))
@@ -126,6 +145,9 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
 
         scatter_pos = torch.where(valid, pos, L)
         x_rows = canvas.x[rows]
+        if observer is not None:
+            observer(StepRecord(rows=rows, step=counters.steps[rows], x=x_rows.clone(), state=row_state.clone(),
+                                positions=gather_pos, active=active, signals=signals, chosen=chosen))
         proposal = _scatter(signals.proposal, x_rows, scatter_pos)
         commit = _scatter(chosen, torch.zeros_like(x_rows, dtype=torch.bool), scatter_pos)
         first_active[rows] = apply_commits(x_rows, row_state, proposal, commit, end_ids, spec.pad_id, stop_at_eot)
