@@ -52,3 +52,27 @@ def apply_commits_ref(
     pos = torch.arange(L + 1, device=x.device)
     active = torch.cat([new_state == ACTIVE, torch.ones((B, 1), dtype=torch.bool, device=x.device)], dim=1)
     return torch.where(active, pos, L).amin(1)
+
+
+def tap_project_ref(h1: torch.Tensor, h2: torch.Tensor, h3: torch.Tensor, A: torch.Tensor,
+                    c: torch.Tensor) -> torch.Tensor:
+    """Project the three hidden-state taps straight to controller inputs: ``h1 @ A[0] + h2 @ A[1] + h3 @ A[2] + c``.
+
+    Linear encoders fold into ``A``: with code matrices ``E_h`` and ``E_d``, the codes
+    ``[h1 E_h, h2 E_h, h3 E_h, (h2 - h1) E_d, (h3 - h2) E_d]`` are this projection with ``A[0] = [E_h, 0, 0, -E_d, 0]``,
+    ``A[1] = [0, E_h, 0, E_d, -E_d]``, ``A[2] = [0, 0, E_h, 0, E_d]`` (N = 832 at the reference widths), and any
+    further linear layer (the controller's input projection) multiplies into ``A`` and ``c`` as well.
+    Everything is computed in fp32 from upcast inputs.
+
+    Args:
+        h1, h2, h3 (torch.Tensor): [T, D] taps (h_{n-2}, h_{n-1}, norm_f(h_n)), fp32, fp16 or bf16.
+        A (torch.Tensor): [3, D, N] folded weights, fp32 (fp16/bf16 accepted).
+        c (torch.Tensor): [N] bias.
+
+    Returns:
+        out (torch.Tensor): [T, N] fp32.
+    """
+    out = c.float().expand(h1.shape[0], -1).clone()
+    for h, a in zip((h1, h2, h3), A):
+        out += h.float() @ a.float()
+    return out

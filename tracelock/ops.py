@@ -1,7 +1,9 @@
 """Public op dispatchers. Each op takes ``impl=`` and otherwise picks the fastest available implementation.
 
 Order: explicit ``impl=`` > ``TRACELOCK_IMPL`` > "cuda" when ``tracelock._C`` has CUDA and the tensors are
-on CUDA > "cpp" when ``tracelock._C`` imported and the tensors are on CPU > "torch" (the ``*_ref`` spec).
+on CUDA > "cpp" when ``tracelock._C`` imported and the tensors are on CPU > "triton" when triton is installed
+and the tensors are on CUDA or ``TRITON_INTERPRET=1`` was set before importing tracelock > "torch" (the
+``*_ref`` spec). Triton is imported lazily (through ``tracelock._triton``), so ``import tracelock`` never loads it.
 An explicit or environment choice is obeyed or fails with the fix; it never silently falls back.
 """
 
@@ -14,6 +16,18 @@ from tracelock import _ext
 IMPLS = ("torch", "triton", "cpp", "cuda")
 _REBUILD = "`pip install -e . --no-build-isolation` (with a C++ compiler, TRACELOCK_BUILD_EXT unset)"
 _REBUILD_CUDA = "`TRACELOCK_BUILD_CUDA=1 pip install -e . --no-build-isolation`"
+
+
+def _triton_state(device: torch.device) -> str | None:
+    """None when Triton can run on ``device``, else why not (with the fix)."""
+    from tracelock import _triton
+
+    if not _triton.triton_available:
+        return "triton is not installed; `pip install triton==3.7.1` (Linux)"
+    if device.type != "cuda" and not _triton.triton_interpret:
+        return (f"it runs on CUDA tensors, or on CPU under the interpreter, got {device} without TRITON_INTERPRET=1 "
+                "(set it before importing tracelock); use impl='torch'")
+    return None
 
 
 def _requested_impl(impl: str | None) -> str | None:
@@ -39,6 +53,8 @@ def _check_available(op: str, impl: str, device: torch.device, impls: tuple[str,
         if not _ext.has_cuda_ext():
             why = "was built without CUDA" if _ext.has_cpp() else f"failed to import ({_ext.ext_error()})"
             raise RuntimeError(f"impl='cuda' needs tracelock._C with CUDA, but it {why}; rebuild with {_REBUILD_CUDA}")
+    if impl == "triton" and (why := _triton_state(device)) is not None:
+        raise RuntimeError(f"impl='triton' cannot run {op}: {why}")
 
 
 def _pick_impl(op: str, impl: str | None, device: torch.device, impls: tuple[str, ...]) -> str:
@@ -50,6 +66,8 @@ def _pick_impl(op: str, impl: str | None, device: torch.device, impls: tuple[str
         return "cuda"
     if "cpp" in impls and device.type == "cpu" and _ext.has_cpp():
         return "cpp"
+    if "triton" in impls and _triton_state(device) is None:
+        return "triton"
     return "torch"
 
 
@@ -113,3 +131,65 @@ def apply_commits(
         return apply_commits_ref(x, state, proposal, commit, end_ids, int(fill_id), bool(stop_at_eot))
     # "cpp" and "cuda" are the same torch op; the tensors' device selects the kernel
     return torch.ops.tracelock.apply_commits(x, state, proposal, commit, end_ids, int(fill_id), bool(stop_at_eot))
+
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_arg(name: str, t, dtypes: tuple, shape: tuple | None = None, like: tuple | None = None,
+               strided_rows: bool = False) -> None:
+    """Check one argument of the kernel ops: type, dtype, then ``shape`` and the device of ``like`` (a pair
+    ``(name, tensor)`` of the argument that sets the device) when given. ``strided_rows`` accepts a 2-D tensor
+    whose rows are strided (a view into a wider buffer) as long as each row is contiguous."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must be {' or '.join(str(d).removeprefix('torch.') for d in dtypes)}, got {t.dtype}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+    if like is not None and t.device != like[1].device:
+        raise ValueError(f"{name} must be on {like[1].device} like {like[0]}, got {t.device}")
+    if strided_rows and t.dim() == 2 and (t.stride(1) == 1 or t.shape[1] <= 1):
+        return
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous())")
+
+
+def _check_dims(name: str, t: torch.Tensor, dims: str) -> None:
+    if t.dim() != dims.count(",") + 1:
+        raise ValueError(f"{name} must be {dims}, got shape {list(t.shape)}")
+
+
+def tap_project(h1: torch.Tensor, h2: torch.Tensor, h3: torch.Tensor, A: torch.Tensor, c: torch.Tensor, *,
+                impl: str | None = None) -> torch.Tensor:
+    """Fold the three hidden-state taps into controller inputs in one pass (spec: ``tap_project_ref``).
+
+    ``out = h1 @ A[0] + h2 @ A[1] + h3 @ A[2] + c`` in fp32 from upcast inputs; with ``A`` holding the encoders'
+    folded code matrices the same call writes the trace codes, without materialising deltas or codes.
+
+    Args:
+        h1, h2, h3 (torch.Tensor): [T, D] taps, fp32, fp16 or bf16; rows may be strided, each row contiguous.
+        A (torch.Tensor): [3, D, N] folded weights, fp32; in the taps' 16-bit dtype for the tensor-core path on GPU.
+        c (torch.Tensor): [N] bias, any float dtype above.
+        impl (str, optional): "torch" or "triton". Default: ``TRACELOCK_IMPL``, else the fastest available.
+
+    Returns:
+        out (torch.Tensor): [T, N] fp32.
+    """
+    _check_arg("h1", h1, _FLOATS, strided_rows=True)
+    _check_dims("h1", h1, "[T, D]")
+    like = ("h1", h1)
+    _check_arg("h2", h2, _FLOATS, h1.shape, like, strided_rows=True)
+    _check_arg("h3", h3, _FLOATS, h1.shape, like, strided_rows=True)
+    _check_arg("A", A, _FLOATS, like=like)
+    if A.dim() != 3 or A.shape[0] != 3 or A.shape[1] != h1.shape[1]:
+        raise ValueError(f"A must be [3, D, N] with D = {h1.shape[1]} (the taps' width), got shape {list(A.shape)}")
+    _check_arg("c", c, _FLOATS, (A.shape[2],), like)
+    chosen = _pick_impl("tap_project", impl, h1.device, ("torch", "triton"))
+    if chosen == "torch":
+        from tracelock.kernels.ref import tap_project_ref
+
+        return tap_project_ref(h1, h2, h3, A, c)
+    from tracelock.kernels.tap_project import tap_project_triton
+
+    return tap_project_triton(h1, h2, h3, A, c)

@@ -1,0 +1,114 @@
+"""Every Triton kernel compiles for sm_90 without a GPU (ENVIRONMENT.md §4): ``triton.compile`` with an explicit
+GPUTarget runs the real NVIDIA pipeline down to PTX and a cubin from ptxas, and so catches what the interpreter
+tolerates (dot tiles with K < 16, unsupported ops, register or shared-memory overflows).
+
+Each kernel is compiled for every constexpr specialisation its launcher can pick, with the default (first)
+autotune config, plus every other autotune config on the path a bf16 model takes on a GPU.
+
+The compiles run in one child process without ``TRITON_INTERPRET``: under the interpreter (which tests/conftest.py
+turns on) triton's own ``tl.standard`` helpers (max, argmax, sigmoid, ...) are interpreted functions, and
+``triton.compile`` fails on them (triton 3.7.1). Run this file as a script to compile every case and print JSON.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tracelock import _triton
+
+pytestmark = pytest.mark.skipif(not _triton.triton_available, reason="triton is not installed")
+
+SM = 90
+
+
+def _tap_project_cases():
+    from tracelock.kernels.tap_project import CONFIGS
+
+    sizes = dict(T="i32", D="i32", N="i32", stride_h1="i32", stride_h2="i32", stride_h3="i32")
+    cases = []
+    # fp16/bf16 taps with fp32 weights take the DOT_NATIVE=False path of fp32 (upcast after the load)
+    for h, a, native in [("fp32", "fp32", False), ("bf16", "bf16", True)]:
+        types = dict(H1=f"*{h}", H2=f"*{h}", H3=f"*{h}", A=f"*{a}", C="*fp32", OUT="*fp32", **sizes)
+        n_configs = len(CONFIGS) if native else 1
+        cases += [dict(id=f"tap_project-h{h}-A{a}-cfg{i}", module="tap_project", kernel="_tap_project_kernel",
+                       types=types, constexprs=dict(DOT_NATIVE=native), config=i) for i in range(n_configs)]
+    return cases
+
+
+def cases() -> list[dict]:
+    """Every (kernel, specialisation, config) to compile, as plain data the child process can rebuild."""
+    return _tap_project_cases()
+
+
+def _ptxas() -> str | None:
+    """The ptxas triton uses: TRITON_PTXAS_PATH, the one bundled in the triton wheel, or one on PATH."""
+    import shutil
+
+    if os.environ.get("TRITON_PTXAS_PATH"):
+        return os.environ["TRITON_PTXAS_PATH"]
+    bundled = Path(_triton.triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    return str(bundled) if bundled.exists() else shutil.which("ptxas")
+
+
+def compile_case(case: dict) -> dict:
+    """Compile one case for sm_90 in this (non-interpreting) process; returns what the tests check."""
+    import importlib
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    module = importlib.import_module(f"tracelock.kernels.{case['module']}")
+    fn = getattr(module, case["kernel"])
+    # autotune and heuristics wrap the JITFunction
+    while not isinstance(fn, JITFunction):
+        fn = fn.fn
+    values = dict(case["constexprs"])
+    options = {}
+    if case.get("config") is not None:
+        config = module.CONFIGS[case["config"]]
+        values.update(config.kwargs)
+        options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+    missing = set(fn.arg_names) - set(case["types"]) - set(values)
+    if missing:
+        return dict(error=f"no type or value given for {sorted(missing)}")
+    signature = {name: case["types"].get(name, "constexpr") for name in fn.arg_names}
+    src = ASTSource(fn=fn, signature=signature, constexprs={(fn.arg_names.index(k),): v for k, v in values.items()})
+    try:
+        compiled = _triton.triton.compile(src, target=GPUTarget("cuda", SM, 32), options=options)
+    except Exception as err:  # the report carries the compiler's message to the failing test
+        return dict(error=f"{type(err).__name__}: {err}")
+    return dict(ptx_target=f".target sm_{SM}" in compiled.asm["ptx"], cubin_bytes=len(compiled.asm["cubin"]),
+                wgmma="warp_group_dot" in compiled.asm["ttgir"], shared=compiled.metadata.shared)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    if _ptxas() is None:
+        pytest.skip("ptxas is unavailable: triton's wheel bundles it; set TRITON_PTXAS_PATH or reinstall triton")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    done = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", cases(), ids=lambda c: c["id"])
+def test_kernel_compiles_sm90(compiled, case):
+    got = compiled[case["id"]]
+    assert "error" not in got, got.get("error")
+    assert got["ptx_target"] and got["cubin_bytes"] > 0
+    # H100/H200 shared memory per block is 227 KiB
+    assert got["shared"] <= 227 * 1024
+
+
+def test_tap_project_lowp_uses_wgmma(compiled):
+    # 16-bit tiles with 64 rows go to Hopper's warp-group MMA (the default config)
+    assert compiled["tap_project-hbf16-Abf16-cfg0"]["wgmma"]
+
+
+if __name__ == "__main__":
+    print(json.dumps({case["id"]: compile_case(case) for case in cases()}))
