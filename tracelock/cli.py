@@ -7,6 +7,7 @@ import sys
 # subcommands defined beside their code: each module has `add_parsers(sub)` (keep its heavy imports inside
 # the command functions, so `tracelock --help` stays fast)
 SUBCOMMAND_MODULES = (
+    "tracelock.traces.collect",
     "tracelock.traces.features_cli",
 )
 

@@ -1,0 +1,276 @@
+"""``tracelock collect``: decode prompts with the trace schedule, filter the rows, store canonical traces.
+
+Runs as one process or under ``torchrun``: rank i of K takes items i, i + K, ... and writes its own shards and
+done record (`tracelock.traces.store`); gloo is initialised only to wait for every rank at the end, after which
+rank 0 merges the index and writes ``summary.json``. A re-run with the same arguments resumes: items listed in any
+done record are skipped, and a batch with an unfinished item is decoded again whole, so its rows see exactly the
+batch they saw before and the finished store holds the same traces as an uninterrupted run. Traces do not depend
+on the batch layout for deterministic policies at temperature 0 (batch == single, `tests/test_decode.py`), so K
+ranks and one process store the same traces; sampled policies depend on the layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tracelock.traces.filters import FilterConfig, code_reasons, text_reason
+from tracelock.traces.store import TraceWriter, atomic_write_json, build_index, done_records, store_bytes_per_trace
+
+SETTINGS, SUMMARY = "collect.json", "summary.json"
+# testing hook: exit the process hard (no cleanup, like a kill) once it has written this many shards
+_EXIT_AFTER_SHARDS = "TRACELOCK_COLLECT_EXIT_AFTER_SHARDS"
+
+
+@dataclass
+class Item:
+    id: str
+    prompt: str
+    meta: dict  # task, split, index, source: copied into the trace's meta
+    example: object = None  # the testbed Example (scoring, code tests), None for JSONL prompts
+
+
+def load_items(spec: str, num: int | None, seed: int = 0) -> list[Item]:
+    """Items of ``testbed:TASKS[@SPLIT]`` (``num`` per task, TASKS comma-separated, SPLIT default "train") or of a
+    JSONL file with one ``{"prompt": ..., "id": optional}`` per line (the first ``num`` when given)."""
+    if num is not None and num < 1:
+        raise ValueError(f"--num {num} must be >= 1")
+    if spec.startswith("testbed:"):
+        from tracelock.testbed.tasks import held_out
+
+        tasks, _, split = spec[len("testbed:"):].partition("@")
+        split = split or "train"
+        if num is None:
+            raise ValueError(f"--num is required with {spec!r}: how many items per task")
+        names = [t for t in tasks.split(",") if t]
+        if not names:
+            raise ValueError(f"--prompts {spec!r} names no task; use e.g. testbed:math, testbed:math,code")
+        return [Item(f"{task}:{split}:{seed}:{i}", ex.prompt, dict(task=task, split=split, index=i, source=spec), ex)
+                for task in names for i, ex in enumerate(held_out(task, split, num, seed=seed))]
+    path = Path(spec)
+    if not path.exists():
+        raise FileNotFoundError(f"--prompts {spec!r} is neither testbed:TASKS nor an existing JSONL file")
+    items = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{n} is not valid JSON ({err})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise ValueError(f'{path}:{n} needs a "prompt" string, e.g. {{"prompt": "What is 2 + 3?"}}')
+        item_id = row.get("id", f"{path.stem}:{len(items)}")
+        items.append(Item(str(item_id), row["prompt"], dict(task="jsonl", index=len(items), source=str(path))))
+    if not items:
+        raise ValueError(f"{path} holds no prompts")
+    items = items[:num] if num else items
+    ids = [it.id for it in items]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f'{path}: "id" values repeat ({sorted(i for i in set(ids) if ids.count(i) > 1)[:5]}); '
+                         "ids must be unique")
+    return items
+
+
+def model_fingerprint(path) -> str:
+    """sha256 over the config and, per weight file, its name, size and first 4 MiB: cheap even for 8B weights,
+    and a retrained or different checkpoint changes it."""
+    from tracelock.models.loading import resolve_path
+
+    folder = resolve_path(path)
+    h = hashlib.sha256((folder / "config.json").read_bytes())
+    for f in sorted(folder.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            h.update(f"{f.name}:{f.stat().st_size}".encode() + fh.read(4 << 20))
+    return h.hexdigest()[:16]
+
+
+def _row_seed(seed: int, item_id: str) -> int:
+    """The step-sampling seed of an item: fixed by the item, whatever batch or rank decodes it."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{item_id}".encode()).digest()[:8], "big")
+
+
+def _check_settings(out: Path, settings: dict, rank: int) -> None:
+    path = out / SETTINGS
+    if path.exists():
+        old = json.loads(path.read_text())
+        diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        if diff:
+            raise ValueError(f"{out} holds a collection with other settings ({', '.join(diff)}: "
+                             f"{[old.get(k) for k in diff]} there, {[settings.get(k) for k in diff]} now); "
+                             "resume with the same arguments or use a new --out")
+    elif rank == 0:
+        atomic_write_json(path, settings)
+
+
+def _filter_reasons(items, traces, completions, end_ids, config: FilterConfig) -> list:
+    from tracelock.testbed.tasks import code_program
+    from tracelock.text import answer_ids
+
+    reasons = [text_reason(answer_ids(t.final.tolist(), end_ids), config) for t in traces]
+    code = [i for i, (it, r) in enumerate(zip(items, reasons)) if r is None and it.meta.get("task") == "code"]
+    programs = [code_program(items[i].example, completions[i]) for i in code]
+    tests = [(items[i].example.target, items[i].example.entry_point) for i in code]
+    for i, r in zip(code, code_reasons(programs, tests, config)):
+        reasons[i] = r
+    return reasons
+
+
+def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=None, window=None,
+            policy="confidence", policy_args=None, fraction=1.0, keep_confidence=False, stop_at_eot=False,
+            batch_size=16, seed=0, shard_size=64, filters: FilterConfig | None = None, rank=0, world_size=1,
+            dtype="float32", device="cpu", progress=None) -> dict | None:
+    """Collect canonical traces of ``prompts`` (see `load_items`) into the store folder ``out``.
+
+    With neither ``block`` nor ``window`` the schedule is the paper's fine block schedule (block 8; with the
+    default confidence policy, one token per step). Under torchrun pass ``rank``/``world_size`` with gloo already
+    initialised. Returns the summary on rank 0 (None on other ranks).
+    """
+    import torch
+
+    from tracelock.models import load_model, load_tokenizer
+    from tracelock.testbed.tasks import score
+    from tracelock.text import decode_answer, encode_prompt
+    from tracelock.traces.recorder import record
+
+    start = time.perf_counter()
+    if block is None and window is None:
+        block = 8
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    filters = filters or FilterConfig()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    items = load_items(prompts, num, seed)
+    settings = dict(model=str(model_path), model_fingerprint=model_fingerprint(model_path), prompts=prompts, num=num,
+                    gen_length=gen_length, block=block, window=window, policy=policy, policy_args=policy_args or {},
+                    fraction=fraction, confidence=keep_confidence, stop_at_eot=stop_at_eot, seed=seed,
+                    filters=asdict(filters), dtype=dtype)
+    _check_settings(out, settings, rank)
+    model = load_model(model_path, dtype=getattr(torch, dtype), device=device)
+    tokenizer = load_tokenizer(model_path)
+    end_ids = model.spec.end_ids
+
+    shards_written, exit_after = [0], int(os.environ.get(_EXIT_AFTER_SHARDS, "0"))
+
+    def on_shard(entry):
+        shards_written[0] += 1
+        if shards_written[0] == exit_after:
+            os._exit(86)
+
+    writer = TraceWriter(out, shard_size=shard_size, prefix=f"rank{rank}", on_shard=on_shard)
+    done = writer.done_ids() | {i for p, rec in done_records(out).items() if p != writer.prefix
+                                for i in [*rec["skipped"], *(j for e in rec["shards"] for j in e["ids"])]}
+    seconds_before = writer.extra.get("seconds", 0.0)
+    mine = items[rank::world_size]
+    common = dict(model=settings["model"], model_fingerprint=settings["model_fingerprint"], seed=seed)
+    for first in range(0, len(mine), batch_size):
+        chunk = mine[first:first + batch_size]
+        if all(it.id in done for it in chunk):
+            continue
+        traces = record(model, [encode_prompt(tokenizer, it.prompt) for it in chunk], policy=policy,
+                        gen_length=gen_length, block=block, window=window, policy_args=policy_args,
+                        fraction=fraction, seed=seed, keep_confidence=keep_confidence, batch_size=len(chunk),
+                        stop_at_eot=stop_at_eot, row_seeds=[_row_seed(seed, it.id) for it in chunk],
+                        metas=[dict(common, id=it.id, **it.meta) for it in chunk])
+        completions = [decode_answer(tokenizer, t.final.tolist(), end_ids) for t in traces]
+        reasons = _filter_reasons(chunk, traces, completions, end_ids, filters)
+        writer.extra["seconds"] = seconds_before + time.perf_counter() - start
+        for it, trace, text, reason in zip(chunk, traces, completions, reasons):
+            if it.id in done:
+                continue
+            if reason is not None:
+                writer.skip(it.id, reason)
+                continue
+            if it.example is not None and it.meta["task"] != "code":
+                trace.meta["correct"] = bool(score(it.example, text))
+            elif it.example is not None and filters.enabled and filters.run_tests:
+                trace.meta["correct"] = True  # a kept code answer passed its hidden tests
+            writer.add(trace)
+        if progress:
+            progress(len(chunk))
+    writer.extra["seconds"] = seconds_before + time.perf_counter() - start
+    writer.close(write_index=False)
+    if world_size > 1:
+        torch.distributed.barrier()
+    if rank != 0:
+        return None
+    return _summarize(out, len(items), settings, world_size)
+
+
+def _summarize(out: Path, num_items: int, settings: dict, world_size: int) -> dict:
+    index = build_index(out)
+    records = done_records(out)
+    filtered = Counter(r for rec in records.values() for r in rec["skipped"].values())
+    kept = index["num_traces"]
+    summary = dict(items=num_items, decoded=kept + sum(filtered.values()), kept=kept, filtered=dict(filtered),
+                   bytes=index["bytes"], bytes_per_trace=store_bytes_per_trace(out) if kept else None,
+                   shards=len(index["shards"]),
+                   seconds=max((rec["extra"].get("seconds", 0.0) for rec in records.values()), default=0.0),
+                   seconds_per_writer={p: rec["extra"].get("seconds") for p, rec in records.items()},
+                   world_size=world_size, settings=settings)
+    atomic_write_json(out / SUMMARY, summary)
+    return summary
+
+
+def run_collect(args) -> int:
+    """The CLI: reads torchrun's RANK / WORLD_SIZE / LOCAL_RANK, initialises gloo only when WORLD_SIZE > 1."""
+    from tracelock.generate_cli import parse_policy_args
+
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    device = args.device
+    if device == "cuda" and world > 1:
+        device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"
+    filters = FilterConfig(min_tokens=args.min_tokens, run_tests=not args.no_tests, enabled=not args.no_filters)
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    try:
+        summary = collect(args.model, args.prompts, args.out, num=args.num, gen_length=args.gen_length,
+                          block=args.block, window=args.window, policy=args.policy,
+                          policy_args=parse_policy_args(args.policy_arg), fraction=args.fraction,
+                          keep_confidence=args.confidence, stop_at_eot=args.stop_at_eot, batch_size=args.batch_size,
+                          seed=args.seed, shard_size=args.shard_size, filters=filters, rank=rank, world_size=world,
+                          dtype=args.dtype, device=device)
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+    if summary is not None:
+        print(f"collected {summary['kept']} traces of {summary['decoded']} decoded items "
+              f"(filtered: {summary['filtered'] or 'none'}), {summary['bytes_per_trace'] or 0:.0f} bytes per trace, "
+              f"{summary['seconds']:.1f} s; store in {args.out}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("collect", help="decode prompts, filter, store canonical traces (resumable; torchrun-ready)")
+    p.add_argument("--model", required=True, help='checkpoint folder, or "testbed"')
+    p.add_argument("--prompts", required=True,
+                   help='testbed:math, testbed:math,code, testbed:math@validation (train split by default), '
+                        'or a JSONL file of {"prompt": ..., "id": optional}')
+    p.add_argument("--num", type=int, help="items per testbed task (required there); first N lines of a JSONL")
+    p.add_argument("--out", required=True, help="store folder (re-running with the same arguments resumes)")
+    p.add_argument("--gen-length", type=int, default=64)
+    sched = p.add_mutually_exclusive_group()
+    sched.add_argument("--block", type=int, help="semi-AR block length (default 8 when no window is given)")
+    sched.add_argument("--window", type=int, help="soft-crop window width")
+    p.add_argument("--policy", default="confidence", help="decoding policy (default: confidence, one token/step)")
+    p.add_argument("--policy-arg", action="append", default=[], metavar="K=V", help="policy keyword, repeatable")
+    p.add_argument("--fraction", type=float, default=1.0, help="share of each row's steps to record")
+    p.add_argument("--confidence", action="store_true", help="also store the proposals' confidences (fp16)")
+    p.add_argument("--stop-at-eot", action="store_true", help="a committed end token finishes the row")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0, help="seed of the testbed items, decoding and step sampling")
+    p.add_argument("--shard-size", type=int, default=64, help="traces per shard")
+    p.add_argument("--min-tokens", type=int, default=FilterConfig.min_tokens, help="shorter answers are dropped")
+    p.add_argument("--no-tests", action="store_true", help="do not run code answers against their hidden tests")
+    p.add_argument("--no-filters", action="store_true", help="keep every decoded row")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun: cuda:LOCAL_RANK)")
+    p.set_defaults(func=run_collect)
