@@ -76,3 +76,33 @@ def tap_project_ref(h1: torch.Tensor, h2: torch.Tensor, h3: torch.Tensor, A: tor
     for h, a in zip((h1, h2, h3), A):
         out += h.float() @ a.float()
     return out
+
+
+def window_logits_stats_ref(hidden: torch.Tensor, weight: torch.Tensor, eos_id: int | None) -> tuple:
+    """The LM head on the given rows and the greedy signals of ``tracelock.signals.compute_signals``
+    (temperature 0) on ``logits = hidden @ weight.T``, in fp32 from upcast inputs.
+
+    The proposal is the argmax (ties to the lowest index); ``max_prob`` and ``second_prob`` are the two largest
+    probabilities (equal when the top logits tie), so ``margin = max_prob - second_prob``; ``neg_entropy`` is
+    ``sum p log p``. Probabilities come from max-shifted exponentials. This spec materialises the [R, V] logits;
+    the Triton kernel computes the same in one online pass over the vocabulary.
+
+    Args:
+        hidden (torch.Tensor): [R, D] final-normed hidden states of the rows to score, fp32, fp16 or bf16.
+        weight (torch.Tensor): [V, D] LM-head weight, fp32, fp16 or bf16.
+        eos_id (int, optional): token whose probability goes into ``eos_prob`` (zeros when None).
+
+    Returns:
+        (proposal [R] int64, max_prob [R], second_prob [R], neg_entropy [R], eos_prob [R]), the last four fp32.
+    """
+    logits = hidden.float() @ weight.float().T
+    proposal = logits.argmax(dim=-1)
+    top = logits.topk(min(2, logits.shape[-1]), dim=-1).values
+    d = logits - top[:, :1]
+    q = d.exp()
+    z = q.sum(dim=-1)
+    neg_entropy = torch.where(q > 0, q * d, 0.0).sum(dim=-1) / z - z.log()
+    max_prob = 1 / z
+    second_prob = (top[:, 1] - top[:, 0]).exp() / z if top.shape[-1] > 1 else torch.zeros_like(z)
+    eos_prob = torch.zeros_like(z) if eos_id is None else d[:, eos_id].exp() / z
+    return proposal, max_prob, second_prob, neg_entropy, eos_prob

@@ -72,17 +72,19 @@ def test_tap_project_strided_rows():
 
 
 def test_tap_project_writes_codes():
-    """With A folded from the code matrices, one pass writes [E_h h1, E_h h2, E_h h3, E_d (h2-h1), E_d (h3-h2)]."""
-    T, D, K_h, K_d = 63, 48, 24, 16
-    h1, h2, h3 = (torch.randn(T, D, device=DEVICE) for _ in range(3))
-    E_h, E_d = torch.randn(D, K_h, device=DEVICE), torch.randn(D, K_d, device=DEVICE)
-    zh, zd = torch.zeros_like(E_h), torch.zeros_like(E_d)
-    A = torch.stack([torch.cat(blocks, dim=1) for blocks in (
-        (E_h, zh, zh, -E_d, zd), (zh, E_h, zh, E_d, -E_d), (zh, zh, E_h, zd, E_d))])
-    c = torch.zeros(A.shape[2], device=DEVICE)
-    codes = torch.cat([h1 @ E_h, h2 @ E_h, h3 @ E_h, (h2 - h1) @ E_d, (h3 - h2) @ E_d], dim=1)
-    tri_out = ops.tap_project(h1, h2, h3, A, c, impl="triton")
-    assert_close("codes", codes, tri_out, atol=1e-4 * codes.abs().max().item(), rtol=RTOL)
+    """With A, c from tracelock.features.fold_codes, one pass writes a fitted linear encoder's codes
+    [E_h h1, E_h h2, E_h h3, E_d (h2 - h1), E_d (h3 - h2)], standardisation included."""
+    from tracelock.features import LinearEncoder, TapEncoder, fold_codes
+
+    T, D = 63, 48
+    samples = torch.randn(256, D) * torch.linspace(0.5, 3, D) + 1.0
+    enc = TapEncoder(LinearEncoder.fit_pca(samples, 24), LinearEncoder.fit_pca(samples[1:] - samples[:-1], 16), {})
+    A, c = fold_codes(enc)
+    h1, h2, h3 = (torch.randn(T, D) * 2 + 1 for _ in range(3))
+    codes = enc.codes(h1, h2, h3)
+    tri_out = ops.tap_project(*(t.to(DEVICE) for t in (h1, h2, h3, A, c)), impl="triton")
+    assert tri_out.shape == codes.shape == (T, 3 * 24 + 2 * 16)
+    assert_close("codes", codes, tri_out.cpu(), atol=ATOL * codes.abs().max().item(), rtol=RTOL)
 
 
 def test_tap_project_dispatch_torch_equals_triton():

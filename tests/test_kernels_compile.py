@@ -39,9 +39,35 @@ def _tap_project_cases():
     return cases
 
 
+def _window_logits_stats_cases():
+    from tracelock.kernels.window_logits_stats import CONFIGS
+
+    sizes = dict(R="i32", V="i32", D="i32", S="i32", SPLIT_V="i32", eos_id="i32", stride_h="i32")
+    parts = dict(PART_M="*fp32", PART_Z="*fp32", PART_W="*fp32", PART_T2="*fp32", PART_I1="*i64",
+                 EOS_LOGIT="*fp32")
+    cases = []
+    # (input dtype, DOT_NATIVE, BLOCK_R, HAS_EOS, configs): the largest row tile on every path, the smallest on
+    # the native one, and every autotune config where a bf16 model runs
+    for dt, native, block_r, eos, n_configs in [("fp32", False, 128, True, 1), ("bf16", True, 128, True, len(CONFIGS)),
+                                                ("bf16", True, 16, False, 1)]:
+        types = dict(H=f"*{dt}", W=f"*{dt}", **parts, **sizes)
+        constexprs = dict(HAS_EOS=eos, DOT_NATIVE=native, BLOCK_R=block_r)
+        cases += [dict(id=f"window_logits_stats-{dt}-R{block_r}-eos{int(eos)}-cfg{i}", module="window_logits_stats",
+                       kernel="_window_logits_stats_kernel", types=types, constexprs=constexprs, config=i)
+                  for i in range(n_configs)]
+    outs = dict(PROPOSAL="*i64", MAX_PROB="*fp32", SECOND_PROB="*fp32", NEG_ENTROPY="*fp32", EOS_PROB="*fp32")
+    types = dict(**parts, **outs, R="i32", S="i32")
+    # the launcher's merge tiles: [rows, BLOCK_S] of at most 4096 elements, from one split up to MAX_SPLITS
+    for eos, block_r, block_s in [(True, 128, 1), (False, 8, 512), (True, 1, 2)]:
+        cases.append(dict(id=f"window_logits_stats_merge-eos{int(eos)}-R{block_r}-S{block_s}",
+                          module="window_logits_stats", kernel="_window_logits_stats_merge_kernel", types=types,
+                          constexprs=dict(HAS_EOS=eos, BLOCK_R=block_r, BLOCK_S=block_s), config=None))
+    return cases
+
+
 def cases() -> list[dict]:
     """Every (kernel, specialisation, config) to compile, as plain data the child process can rebuild."""
-    return _tap_project_cases()
+    return _tap_project_cases() + _window_logits_stats_cases()
 
 
 def _ptxas() -> str | None:
@@ -105,9 +131,10 @@ def test_kernel_compiles_sm90(compiled, case):
     assert got["shared"] <= 227 * 1024
 
 
-def test_tap_project_lowp_uses_wgmma(compiled):
-    # 16-bit tiles with 64 rows go to Hopper's warp-group MMA (the default config)
-    assert compiled["tap_project-hbf16-Abf16-cfg0"]["wgmma"]
+@pytest.mark.parametrize("case_id", ["tap_project-hbf16-Abf16-cfg0", "window_logits_stats-bf16-R128-eos1-cfg0"])
+def test_lowp_dots_use_wgmma(compiled, case_id):
+    # 16-bit tiles with at least 64 rows go to Hopper's warp-group MMA with the default config
+    assert compiled[case_id]["wgmma"]
 
 
 if __name__ == "__main__":

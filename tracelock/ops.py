@@ -193,3 +193,39 @@ def tap_project(h1: torch.Tensor, h2: torch.Tensor, h3: torch.Tensor, A: torch.T
     from tracelock.kernels.tap_project import tap_project_triton
 
     return tap_project_triton(h1, h2, h3, A, c)
+
+
+def window_logits_stats(hidden: torch.Tensor, weight: torch.Tensor, eos_id: int | None, *,
+                        impl: str | None = None) -> tuple:
+    """The LM head on the window's rows plus their greedy signals, in one online-softmax pass over the vocabulary
+    (spec: ``window_logits_stats_ref``; the same values as ``tracelock.signals.compute_signals`` at T = 0).
+    The Triton path never writes the [R, V] logits.
+
+    Args:
+        hidden (torch.Tensor): [R, D] final-normed hidden states of the rows, fp32, fp16 or bf16; rows may be
+            strided (each row contiguous).
+        weight (torch.Tensor): [V, D] LM-head weight, fp32, fp16 or bf16 (the hidden dtype for the tensor-core path).
+        eos_id (int, optional): token whose probability goes into ``eos_prob``; None gives zeros.
+        impl (str, optional): "torch" or "triton". Default: ``TRACELOCK_IMPL``, else the fastest available.
+
+    Returns:
+        (proposal [R] int64 argmax (ties to the lowest index), max_prob [R], second_prob [R] (margin =
+        max_prob - second_prob), neg_entropy [R] (sum p log p), eos_prob [R]), the last four fp32.
+    """
+    _check_arg("hidden", hidden, _FLOATS, strided_rows=True)
+    _check_dims("hidden", hidden, "[R, D]")
+    _check_arg("weight", weight, _FLOATS, like=("hidden", hidden))
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[1] or weight.shape[0] == 0:
+        raise ValueError(f"weight must be [V, D] with V >= 1 and D = {hidden.shape[1]} (hidden's width), "
+                         f"got shape {list(weight.shape)}")
+    V = weight.shape[0]
+    if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int) or not 0 <= eos_id < V):
+        raise ValueError(f"eos_id must be None or an int in [0, {V}) (the vocabulary), got {eos_id!r}")
+    chosen = _pick_impl("window_logits_stats", impl, hidden.device, ("torch", "triton"))
+    if chosen == "torch":
+        from tracelock.kernels.ref import window_logits_stats_ref
+
+        return window_logits_stats_ref(hidden, weight, eos_id)
+    from tracelock.kernels.window_logits_stats import window_logits_stats_triton
+
+    return window_logits_stats_triton(hidden, weight, eos_id)
