@@ -89,32 +89,37 @@ def _check_trace(trace: Trace) -> None:
             raise ValueError(f"trace {tid}: confidence has shape {list(trace.confidence.shape)}, expected [{S}, {G}]")
         if not np.array_equal(np.isnan(trace.confidence), trace.proposals == NO_PROPOSAL):
             raise ValueError(f"trace {tid}: confidence must be NaN exactly where proposals is NO_PROPOSAL")
+    if trace.commit_step.size and trace.commit_step.min() < 0:
+        raise ValueError(f"trace {tid}: commit_step has negative entries; every position must be committed")
     if trace.proposals.size and trace.proposals.min() < NO_PROPOSAL:
         raise ValueError(f"trace {tid}: proposals hold negative token ids other than NO_PROPOSAL")
     if S and (np.any(np.diff(trace.steps) <= 0) or trace.steps[0] < 0 or trace.steps[-1] >= trace.num_steps):
         raise ValueError(f"trace {tid}: steps must increase within [0, num_steps={trace.num_steps})")
 
 
+def _cat(arrays: list) -> np.ndarray:
+    return np.concatenate([np.asarray(a).reshape(-1) for a in arrays]) if arrays else np.zeros(0, np.int64)
+
+
 def encode_shard(traces: list[Trace]) -> bytes:
     """The safetensors bytes of one shard (see the module docstring for the arrays)."""
     for t in traces:
         _check_trace(t)
-    cat = lambda xs: np.concatenate([np.asarray(x).reshape(-1) for x in xs]) if xs else np.zeros(0, np.int64)  # noqa: E731
     has = [t.proposals != NO_PROPOSAL for t in traces]
     arrays = {
-        "prompt": cat([t.prompt for t in traces]),
+        "prompt": _cat([t.prompt for t in traces]),
         "prompt_len": np.array([len(t.prompt) for t in traces]),
         "gen_len": np.array([t.gen_length for t in traces]),
-        "final": cat([t.final for t in traces]),
-        "final_state": cat([t.final_state for t in traces]),
-        "commit_step": cat([t.commit_step for t in traces]),
+        "final": _cat([t.final for t in traces]),
+        "final_state": _cat([t.final_state for t in traces]),
+        "commit_step": _cat([t.commit_step for t in traces]),
         "num_steps": np.array([t.num_steps for t in traces]),
         "mask_id": np.array([t.mask_id for t in traces]),
-        "steps": cat([t.steps for t in traces]),
+        "steps": _cat([t.steps for t in traces]),
         "num_recorded": np.array([len(t.steps) for t in traces]),
-        "prop_count": cat([h.sum(1) for h in has]),
-        "prop_pos": cat([np.nonzero(h)[1] for h in has]),
-        "prop_tok": cat([t.proposals[h] for t, h in zip(traces, has)]),
+        "prop_count": _cat([h.sum(1) for h in has]),
+        "prop_pos": _cat([np.nonzero(h)[1] for h in has]),
+        "prop_tok": _cat([t.proposals[h] for t, h in zip(traces, has)]),
         "has_conf": np.array([t.confidence is not None for t in traces], dtype=np.uint8),
     }
     arrays = {k: _smallest_uint(v) for k, v in arrays.items()}
@@ -325,12 +330,12 @@ def load_index(directory) -> dict:
     return index
 
 
-def iter_traces(directory, *, verify: bool = True) -> Iterator[Trace]:
+def iter_traces(directory, *, check: bool = True) -> Iterator[Trace]:
     """Every trace of the store, shard by shard in index order; each shard's checksum is checked first."""
     folder = Path(directory)
     for entry in load_index(folder)["shards"]:
         path = folder / entry["file"]
-        data = _read_shard(folder, entry) if verify else path.read_bytes()
+        data = _read_shard(folder, entry) if check else path.read_bytes()
         yield from decode_shard(data, path)
 
 
