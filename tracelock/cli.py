@@ -9,6 +9,7 @@ import sys
 SUBCOMMAND_MODULES = (
     "tracelock.traces.collect",
     "tracelock.traces.features_cli",
+    "tracelock.train.cli",
 )
 
 

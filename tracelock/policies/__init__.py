@@ -14,6 +14,7 @@ from .base import Policy, StepInput
 from .dream import EntropyPolicy, MaskGitPlusPolicy, OriginPolicy, TopKMarginPolicy
 from .fastdllm import FactorPolicy, ThresholdPolicy
 from .llada import ConfidencePolicy, RandomPolicy, TopKPolicy
+from .tracelock import TraceLockPolicy
 
 __all__ = ["POLICIES", "Policy", "StepInput", "make_policy"]
 
@@ -29,6 +30,7 @@ POLICIES: dict[str, type[Policy]] = {
         EntropyPolicy,
         ThresholdPolicy,
         FactorPolicy,
+        TraceLockPolicy,
     )
 }
 

@@ -40,6 +40,7 @@ class StepInput:
         rows (torch.LongTensor): [B] index of each row in the caller's batch (finished rows drop out).
         taps (tuple, optional): only for policies with ``needs_taps``: h_{n-2}, h_{n-1}, norm_f(h_n), each
             [B, T, D], for canvas positions [0, T) with T the furthest region end (the family's shift applied).
+        attention_mask (torch.BoolTensor, optional): [B, L] False at left padding; None when no row is padded.
     """
 
     signals: Signals
@@ -52,6 +53,7 @@ class StepInput:
     state: torch.Tensor | None = None
     rows: torch.Tensor | None = None
     taps: tuple | None = None
+    attention_mask: torch.Tensor | None = None
 
 
 class Policy:

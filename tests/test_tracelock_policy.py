@@ -1,0 +1,228 @@
+"""The TraceLock policy: known decisions from hand-set controllers, cap, fallback, crop and padding, the fold,
+run folders and fingerprints, and a full decode (fused == reference)."""
+
+import pytest
+import torch
+
+import tracelock
+from tracelock import states
+from tracelock.controller import Controller, ControllerConfig, controller_fingerprint
+from tracelock.features import AutoEncoder, LinearEncoder, TapEncoder, backbone_fingerprint
+from tracelock.models import write_tiny_checkpoint
+from tracelock.policies import make_policy
+from tracelock.policies.base import StepInput
+from tracelock.policies.tracelock import TraceLockPolicy
+from tracelock.signals import compute_signals
+
+SMALL = dict(width=32, layers=1, heads=2, ffn=48, dropout=0.0)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny matmuls: a second thread only adds contention on a loaded 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return tracelock.load_model(write_tiny_checkpoint(tmp_path_factory.mktemp("llada"), family="llada", seed=3))
+
+
+@pytest.fixture(scope="module")
+def encoder(model):
+    D = model.spec.hidden_size
+    g = torch.Generator().manual_seed(0)
+    samples = torch.randn(256, D, generator=g)
+    return TapEncoder(LinearEncoder.fit_pca(samples, 8), LinearEncoder.fit_pca(samples, 4), backbone_fingerprint(model))
+
+
+def _controller(model, encoder, **kw):
+    torch.manual_seed(2)
+    cfg = ControllerConfig(code_dim=encoder.code_dim, groups=encoder.groups, **{**SMALL, **kw},
+                           fingerprint=controller_fingerprint(model, encoder))
+    return Controller(cfg).eval()
+
+
+@torch.no_grad()
+def _constant(controller, a: float, tau: float = 0.0):
+    """Score head and threshold head reduced to their biases: a and tau are the same at every position."""
+    controller.score_head.weight.zero_()
+    controller.score_head.bias.fill_(a)
+    controller.tau_head[-1].weight.zero_()
+    controller.tau_head[-1].bias.fill_(tau)
+    return controller
+
+
+@torch.no_grad()
+def _confidence_sign(controller):
+    """A controller whose score is about +-80 by the sign of (confidence - 0.5): identity encoder layers (attention
+    and FFN outputs zeroed), codes ignored, the confidence written along v = e0 - e1 at scale 1000 so it dominates
+    the position encoding, and the final LayerNorm keeps its sign; tau = 0."""
+    w = controller.config.width
+    v = torch.zeros(w)
+    v[0], v[1] = 1.0, -1.0
+    for layer in controller.encoder.layers:
+        for lin in (layer.self_attn.out_proj, layer.linear2):
+            lin.weight.zero_()
+            lin.bias.zero_()
+    controller.input_proj.weight.zero_()
+    controller.input_proj.bias.zero_()
+    controller.conf_proj.weight.copy_(1000 * v[:, None])
+    controller.conf_proj.bias.copy_(-500 * v)
+    controller.score_head.weight.copy_(10 * v[None])
+    controller.score_head.bias.zero_()
+    controller.tau_head[-1].weight.zero_()
+    controller.tau_head[-1].bias.zero_()
+    return controller
+
+
+def _step(model, B=3, T=14, R=6, lo=8, seed=0):
+    """A StepInput like the loop's: slots [lo, lo + R) of a canvas of L = T + 4, taps of positions [0, T)."""
+    g = torch.Generator().manual_seed(seed)
+    D, L = model.spec.hidden_size, T + 4
+    taps = tuple(torch.randn(B, T, D, generator=g) for _ in range(3))
+    positions = (lo + torch.arange(R)).expand(B, R).clone()
+    state = torch.full((B, L), states.ACTIVE, dtype=torch.uint8)
+    state[:, :5] = states.PROMPT
+    state[:, 5:lo] = states.LOCKED
+    active = torch.rand(B, R, generator=g) < 0.7
+    active[0] = torch.tensor([False, True, True, False, True, True])
+    active[-1] = False
+    state[:, lo:lo + R] = torch.where(active, states.ACTIVE, states.LOCKED)
+    signals = compute_signals(torch.randn(B, R, 17, generator=g))
+    zeros = torch.zeros(B, dtype=torch.long)
+    return StepInput(signals=signals, active=active, region_step=zeros, region_initial=zeros, region_active=zeros,
+                     steps_per_region=16, positions=positions, state=state, rows=torch.arange(B), taps=taps)
+
+
+def _slots(mask):
+    return [row.nonzero().flatten().tolist() for row in mask]
+
+
+def test_all_pass_cap_and_fallback(model, encoder):
+    inp = _step(model)
+    everyone = TraceLockPolicy(_constant(_controller(model, encoder), a=10.0), encoder)
+    assert _slots(everyone.select(inp)) == _slots(inp.active)
+    # equal margins: the cap keeps the lowest slots
+    capped = TraceLockPolicy(_constant(_controller(model, encoder), a=10.0), encoder, cap=2)
+    assert _slots(capped.select(inp)) == [s[:2] for s in _slots(inp.active)]
+    # nothing passes: the single best (here the lowest) active slot; a row without active slots commits nothing
+    nobody = TraceLockPolicy(_constant(_controller(model, encoder), a=-10.0), encoder)
+    assert _slots(nobody.select(inp)) == [s[:1] for s in _slots(inp.active)]
+    assert _slots(nobody.select(inp))[-1] == []
+
+
+def test_threshold_and_static_tau(model, encoder):
+    inp = _step(model)
+    # m = 2 - 0: sigmoid(2) = 0.881 passes theta 0.8, not 0.95
+    ctrl = _constant(_controller(model, encoder), a=2.0)
+    assert _slots(TraceLockPolicy(ctrl, encoder, theta=0.8).select(inp)) == _slots(inp.active)
+    assert _slots(TraceLockPolicy(ctrl, encoder).select(inp)) == [s[:1] for s in _slots(inp.active)]
+    # a fixed threshold logit replaces the learned tau (here 0, moved to -2: m = 4, sigmoid = 0.982)
+    static = TraceLockPolicy(ctrl, encoder, static_tau=-2.0)
+    assert _slots(static.select(inp)) == _slots(inp.active)
+    m, tau = static.margins(inp)
+    assert torch.equal(tau, torch.full((3,), -2.0)) and torch.allclose(m, torch.full_like(m, 4.0))
+
+
+def test_commits_exactly_the_confident_active_slots(model, encoder):
+    inp = _step(model)
+    inp.signals.confidence = torch.tensor([[0.9, 0.95, 0.2, 0.99, 0.7, 0.3],
+                                           [0.1, 0.8, 0.9, 0.05, 0.6, 0.2],
+                                           [0.9, 0.9, 0.9, 0.9, 0.9, 0.9]])
+    policy = TraceLockPolicy(_confidence_sign(_controller(model, encoder, confidence_input=True)), encoder)
+    want = (inp.signals.confidence > 0.5) & inp.active
+    assert _slots(policy.select(inp)) == _slots(want)
+    capped = TraceLockPolicy(policy._controller, encoder, cap=1).select(inp)
+    for row, allowed in zip(_slots(capped), _slots(want)):
+        assert len(row) == min(1, len(allowed)) and set(row) <= set(allowed)
+
+
+def test_region_crop_and_left_padding(model, encoder):
+    policy = TraceLockPolicy(_controller(model, encoder, state_embedding=True), encoder)
+    inp = _step(model, B=2, seed=1)
+    inp.positions[1] = torch.arange(4, 10)  # row 1's region ends at 10 < T = 14
+    inp.active[:] = True
+    m, tau = policy.margins(inp)
+    alone = _step(model, B=2, seed=1)
+    alone.taps = tuple(t[1:, :10] for t in inp.taps)
+    alone.positions, alone.state, alone.active = inp.positions[1:], inp.state[1:], inp.active[1:]
+    m1, tau1 = policy.margins(alone)
+    torch.testing.assert_close(m[1:], m1, rtol=1e-5, atol=1e-5)
+    # row 0 left-padded by 3 with a mask: the same margins as without the padding
+    pad = 3
+    padded = _step(model, B=1, seed=1)
+    padded.taps = tuple(torch.cat([torch.randn(1, pad, t.shape[-1]), t[:1]], dim=1) for t in inp.taps)
+    padded.state = torch.cat([torch.full((1, pad), states.PROMPT, dtype=torch.uint8), inp.state[:1]], dim=1)
+    padded.positions, padded.active = inp.positions[:1] + pad, inp.active[:1]
+    padded.attention_mask = torch.arange(padded.state.shape[1])[None] >= pad
+    mp, taup = policy.margins(padded)
+    torch.testing.assert_close(mp, m[:1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(taup, tau[:1], rtol=1e-5, atol=1e-5)
+
+
+def test_fold_path_equals_codes_path(model, encoder):
+    ctrl = _controller(model, encoder, features="hidden")
+    inp = _step(model)
+    T = inp.taps[0].shape[1]
+    key_mask = torch.arange(T)[None] < (inp.positions.max(1).values + 1)[:, None]
+    a, tau = ctrl(encoder.codes(*inp.taps), inp.state[:, :T], key_mask)
+    m, _ = TraceLockPolicy(ctrl, encoder).margins(inp)
+    torch.testing.assert_close(m, a.gather(1, inp.positions) - tau[:, None], rtol=1e-4, atol=1e-4)
+    # a nonlinear encoder cannot fold: the policy runs the codes through the input projection
+    D = model.spec.hidden_size
+    torch.manual_seed(0)
+    ae = TapEncoder(AutoEncoder(D, 8, 16), AutoEncoder(D, 4, 16), backbone_fingerprint(model)).eval()
+    ctrl_ae = _controller(model, ae)
+    a, tau = ctrl_ae(ae.codes(*inp.taps), inp.state[:, :T], key_mask)
+    m, _ = TraceLockPolicy(ctrl_ae, ae).margins(inp)
+    torch.testing.assert_close(m, a.gather(1, inp.positions) - tau[:, None], rtol=1e-5, atol=1e-5)
+
+
+def test_presets_and_errors(model, encoder):
+    ctrl = _controller(model, encoder, confidence_input=True)
+    release = TraceLockPolicy(ctrl, encoder, reference_release=True)
+    assert (release.theta, release.cap, release.inclusive) == (0.99, 4, True)
+    assert (TraceLockPolicy(ctrl, encoder).theta, TraceLockPolicy(ctrl, encoder).cap) == (0.95, None)
+    with pytest.raises(ValueError, match="reference_release=True fixes theta=0.99"):
+        TraceLockPolicy(ctrl, encoder, reference_release=True, theta=0.9)
+    with pytest.raises(ValueError, match="needs a controller trained with the confidence input"):
+        TraceLockPolicy(_controller(model, encoder), encoder, reference_release=True)
+    with pytest.raises(ValueError, match="theta=1.5 must lie in"):
+        TraceLockPolicy(ctrl, encoder, theta=1.5)
+    with pytest.raises(ValueError, match="cap=0 must be a positive int"):
+        TraceLockPolicy(ctrl, encoder, cap=0)
+    with pytest.raises(ValueError, match="encoder is required"):
+        TraceLockPolicy(ctrl)
+
+
+def test_run_folder_and_fingerprint_mismatch(model, encoder, tmp_path):
+    _controller(model, encoder).save(tmp_path / "best.safetensors")
+    encoder.save(tmp_path)
+    policy = make_policy("tracelock", controller=str(tmp_path), theta=0.9)
+    assert isinstance(policy, TraceLockPolicy) and policy.theta == 0.9
+    dream = tracelock.load_model(write_tiny_checkpoint(tmp_path / "dream", family="dream", seed=1))
+    with pytest.raises(ValueError, match=r"'family': 'llada'.*'family': 'dream'"):
+        TraceLockPolicy(tmp_path, model=dream)
+    # without the model, the tap width is checked at the first step
+    inp = _step(model)
+    inp.taps = tuple(t[..., :16] for t in inp.taps)
+    with pytest.raises(ValueError, match="the taps are 16 wide but this controller was trained on a backbone with "
+                                         "hidden size 64"):
+        policy.select(inp)
+
+
+@pytest.mark.parametrize("schedule", [{"window": 8}, {"block": 8}, {}], ids=["window8", "block8", "full"])
+def test_full_decode_fused_equals_reference(model, encoder, schedule):
+    policy = TraceLockPolicy(_controller(model, encoder, confidence_input=True, state_embedding=True), encoder,
+                             theta=0.6)
+    prompts = [[5, 9, 13, 2, 7], [11, 4, 8]]
+    ref_tokens, ref_stats = tracelock.reference_generate(model, prompts, policy=policy, gen_length=16, **schedule)
+    tokens, stats = tracelock.fused_generate(model, prompts, policy=policy, gen_length=16, **schedule)
+    assert torch.equal(tokens, ref_tokens)
+    assert stats.steps == ref_stats.steps and stats.commits_per_step == ref_stats.commits_per_step
+    assert not (tokens == model.spec.mask_id).any()
+    assert all(1 <= n for row in stats.commits_per_step for n in row)

@@ -1,0 +1,170 @@
+"""The TraceLock policy: a learned controller scores every position and predicts the step's threshold
+(paper §3.3; DESIGN.md §2-3).
+
+At each step the controller reads the taps of canvas positions [0, T) (T = the furthest region end of the
+batch), cropped per row at its own region end (attention beyond it masked, as in training) and with left
+padding masked. The commit rule on the region's active slots: margin ``m = a - tau``, commit where
+``sigmoid(m) > theta``, keep at most ``cap`` of them (largest margins first), and commit the single best
+active slot when none passes, so every step makes progress.
+
+Deployment choices are schedule arguments of `fused_generate`, not policy switches:
+- soft-crop (the paper's default): ``window=w``, the region ``[p_t, p_t + w)`` from the first active position;
+  the reference release uses ``window=128``;
+- "w/o soft-crop" (the paper's ablation): no window and no block, i.e. the full generation region.
+The "w/o dynamic threshold" ablation is ``static_tau``: a fixed threshold logit replaces the learned tau.
+
+Examples::
+
+    policy = TraceLockPolicy("runs/ctrl", theta=0.95)
+    tokens, stats = tracelock.fused_generate(model, ids, policy=policy, gen_length=256, window=32)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .base import Policy, StepInput, topk_mask
+
+__all__ = ["TraceLockPolicy"]
+
+
+def _load(controller, encoder, model):
+    """(Controller, encoder) from objects or a run folder holding best.safetensors/.json and encoder.*."""
+    from tracelock.controller import Controller, check_fingerprint, controller_fingerprint
+    from tracelock.features import load_encoder
+
+    folder = None
+    if isinstance(controller, str | Path):
+        folder = Path(controller) if Path(controller).is_dir() else Path(controller).parent
+        if encoder is None:
+            encoder = folder
+    if isinstance(encoder, str | Path):
+        encoder = load_encoder(encoder, model=model)
+    if encoder is None:
+        raise ValueError("encoder is required with a Controller object: pass the TapEncoder that wrote its codes "
+                         "(or a run folder as controller, which holds both)")
+    if folder is not None:
+        controller = Controller.load(controller, model=model, encoder=encoder)
+    elif not isinstance(controller, Controller):
+        raise TypeError(f"controller must be a Controller or a run folder (`tracelock train --out`), "
+                        f"got {type(controller).__name__}")
+    else:
+        check_fingerprint(controller.config.fingerprint, controller_fingerprint(model, encoder))
+    if encoder.code_dim != controller.config.code_dim:
+        raise ValueError(f"the encoder writes {encoder.code_dim} codes but the controller reads "
+                         f"{controller.config.code_dim}; pass the encoder it was trained with")
+    return controller.eval(), encoder
+
+
+class TraceLockPolicy(Policy):
+    """Commit the active slots the controller deems stable.
+
+    Args:
+        controller (Controller | str | Path): the controller, or a `tracelock train` run folder (controller and
+            encoder are loaded from it).
+        encoder (TapEncoder | str | Path, optional): the encoder of the controller's codes; required with a
+            Controller object. A linear encoder is folded with the input projection into
+            ``h1 @ A1 + h2 @ A2 + h3 @ A3 + c`` (one pass over the taps); a nonlinear one runs as codes.
+        theta (float): commit threshold on ``sigmoid(m)``, in (0, 1). Default: 0.95 (paper), 0.99 with
+            ``reference_release``.
+        cap (int, optional): at most this many commits per step (largest margins). Default: None (no cap),
+            4 with ``reference_release``.
+        static_tau (float, optional): use this fixed threshold logit instead of the learned tau (the
+            "w/o dynamic threshold" ablation). Default: None.
+        reference_release (bool): the reference release's rule: ``sigmoid(m) >= 0.99``, cap 4, and a controller
+            trained with the confidence input (its window, 128, is `fused_generate`'s ``window``). Default: False.
+        model (DiffusionBackbone, optional): when given, the controller's and encoder's backbone fingerprints are
+            checked now; otherwise the tap width is checked at the first step.
+    """
+
+    name = "tracelock"
+    deterministic = True
+    needs_taps = True
+
+    def __init__(self, controller, encoder=None, theta: float | None = None, cap: int | None = None,
+                 static_tau: float | None = None, reference_release: bool = False, model=None) -> None:
+        super().__init__()
+        if reference_release and (theta not in (None, 0.99) or cap not in (None, 4)):
+            raise ValueError(f"reference_release=True fixes theta=0.99 and cap=4; drop theta={theta!r} / "
+                             f"cap={cap!r} or set reference_release=False")
+        theta = (0.99 if reference_release else 0.95) if theta is None else theta
+        cap = 4 if reference_release else cap
+        if not isinstance(theta, int | float) or not 0 < theta < 1:
+            raise ValueError(f"theta={theta!r} must lie in (0, 1); the paper uses 0.95")
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ValueError(f"cap={cap!r} must be a positive int (commits per step) or None for no cap")
+        if static_tau is not None and not isinstance(static_tau, int | float):
+            raise ValueError(f"static_tau={static_tau!r} must be a float threshold logit or None (learned tau)")
+        self._controller, self._encoder = _load(controller, encoder, model)
+        if reference_release and not self._controller.config.confidence_input:
+            raise ValueError("reference_release=True needs a controller trained with the confidence input "
+                             "(`tracelock train --confidence-input`)")
+        self.theta, self.cap, self.inclusive = float(theta), cap, bool(reference_release)
+        self.static_tau = None if static_tau is None else float(static_tau)
+        self._device, self._fold = None, None
+
+    def _prepare(self, device, D: int):
+        """Move the controller to the taps' device, check the tap width, fold a linear encoder once."""
+        fp = self._controller.config.fingerprint.get("backbone", {})
+        want = fp.get("hidden_size", self._encoder.hidden.in_dim)
+        if D != want:
+            raise ValueError(f"the taps are {D} wide but this controller was trained on a backbone with hidden size "
+                             f"{want} ({fp or 'encoder input width'}); use a controller trained for this model")
+        if self._device == device:
+            return
+        self._controller.to(device)
+        self._encoder.to(device)
+        self._device = device
+        if self._encoder.kind == "linear":
+            from tracelock.features import fold
+
+            self._fold = fold(self._encoder, *self._controller.full_input_weight())
+
+    def _inputs(self, taps) -> torch.Tensor:
+        """[B, T, width] controller inputs from the three taps: the fold in one pass (`ops.tap_project`), else
+        the codes through the input projection."""
+        if self._fold is None:
+            return self._controller.project(self._encoder.codes(*taps))
+        from tracelock import ops
+
+        B, T, D = taps[0].shape
+        out = ops.tap_project(*(t.reshape(B * T, D) for t in taps), *self._fold)
+        return out.reshape(B, T, -1)
+
+    @torch.no_grad()
+    def margins(self, inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
+        """(m [B, R] margins of the slots, tau [B] the threshold logit used) at one step."""
+        if inp.taps is None or inp.positions is None or inp.state is None:
+            raise ValueError("the tracelock policy needs StepInput.taps, positions and state (needs_taps = True); "
+                             "run it through fused_generate / reference_generate")
+        B, T, D = inp.taps[0].shape
+        self._prepare(inp.taps[0].device, D)
+        positions, active = inp.positions, inp.active
+        # the region ends right after its last slot (slots past it repeat the last position)
+        key_mask = torch.arange(T, device=positions.device) < (positions.max(dim=1).values + 1)[:, None]
+        if inp.attention_mask is not None:
+            key_mask &= inp.attention_mask[:, :T].bool()
+        conf = None
+        if self._controller.config.confidence_input:
+            # max-prob at the active slots, 0 elsewhere (training's convention); inactive slots write a spare column
+            where = torch.where(active, positions, T)
+            conf = torch.zeros(B, T + 1, device=positions.device).scatter(1, where, inp.signals.confidence.float())
+            conf = conf[:, :T]
+        a, tau = self._controller.forward_projected(self._inputs(inp.taps), inp.state[:, :T], key_mask, conf)
+        if self.static_tau is not None:
+            tau = torch.full_like(tau, self.static_tau)
+        return a.gather(1, positions) - tau[:, None], tau
+
+    def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
+        m, _ = self.margins(inp)
+        active = inp.active
+        p = torch.sigmoid(m)
+        passes = active & ((p >= self.theta) if self.inclusive else (p > self.theta))
+        ones = torch.ones(len(m), dtype=torch.long, device=m.device)
+        if self.cap is not None:
+            # order by the margin: sigmoid saturates to exactly 1.0 in fp32 for m > ~17, the margin does not
+            passes = topk_mask(m, passes, ones * self.cap)
+        best = topk_mask(m, active, ones)
+        return passes | (best & ~passes.any(dim=1, keepdim=True))

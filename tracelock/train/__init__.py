@@ -1,0 +1,1 @@
+"""Training: the supervised TraceLock controller (`tracelock train`) and its held-out metrics."""

@@ -1,0 +1,38 @@
+"""`tracelock train`: fit the controller on a feature cache (runs under torchrun for DDP)."""
+
+import dataclasses
+import os
+
+
+def _train(args):
+    from tracelock.train.controller import TrainConfig, train
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
+    out = train(cfg, resume=args.resume)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"controller written to {out / 'best.safetensors'}; held-out metrics in {out / 'metrics.json'}")
+
+
+# help texts only: TrainConfig holds the defaults (tests check the two agree)
+DEFAULTS = (("steps", int, 10000), ("batch-size", int, 64), ("lr", float, 1e-4), ("weight-decay", float, 0.01),
+            ("clip", float, 1.0), ("seed", int, 42), ("eval-every", int, 500), ("val-fraction", float, 0.1),
+            ("width", int, 384), ("layers", int, 3), ("heads", int, 8), ("ffn", int, 768), ("dropout", float, 0.1),
+            ("k", float, 4.0), ("lambda-tau", float, 1e-3), ("eot-weight", float, 1.0))
+
+
+def add_parsers(sub):
+    p = sub.add_parser("train", help="train the TraceLock controller on a feature cache (DDP under torchrun)")
+    p.add_argument("--cache", required=True, help="feature cache folder (`tracelock featurize`)")
+    p.add_argument("--out", required=True, help="run folder: best.safetensors/.json, metrics.json, state")
+    p.add_argument("--encoder", help="the encoder folder that wrote the cache: copied into --out so it deploys alone")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last saved state")
+    for name, kind, default in DEFAULTS:
+        p.add_argument("--" + name, type=kind, default=None, help=f"default {default}")
+    p.add_argument("--features", choices=["last", "deltas", "hidden", "all"], default=None,
+                   help="code groups the controller reads: h3 / two deltas / three hidden / all five (default)")
+    p.add_argument("--confidence-input", action="store_true", default=None,
+                   help="add the proposals' max-prob as an input (the reference release does)")
+    p.add_argument("--state-embedding", action="store_true", default=None, help="add a position-state embedding")
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    p.set_defaults(func=_train)
