@@ -1,5 +1,7 @@
 """Pure-torch references (``*_ref``) for every tracelock op: the executable spec, no triton."""
 
+import math
+
 import torch
 
 from tracelock.states import ACTIVE, EOT, LOCKED
@@ -106,3 +108,91 @@ def window_logits_stats_ref(hidden: torch.Tensor, weight: torch.Tensor, eos_id: 
     second_prob = (top[:, 1] - top[:, 0]).exp() / z if top.shape[-1] > 1 else torch.zeros_like(z)
     eos_prob = torch.zeros_like(z) if eos_id is None else d[:, eos_id].exp() / z
     return proposal, max_prob, second_prob, neg_entropy, eos_prob
+
+
+def commit_margin_threshold(theta: float) -> float:
+    """The fp32 ``t`` with ``m > t  <=>  sigmoid(m) > theta`` for every fp32 margin ``m`` (sigmoid in exact
+    arithmetic): ``logit(theta)`` rounded down to fp32. Deciding on the margin keeps ``exp`` rounding out of the
+    commit rule, so every implementation commits the same slots bit for bit, and margins above ~17, whose fp32
+    sigmoid is 1.0, stay ordered. theta = 0 gives -inf (every finite margin passes), theta = 1 gives +inf (none).
+    """
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0.0 <= theta <= 1.0:
+        raise ValueError(f"theta must be a probability in [0, 1], got {theta!r}")
+    if theta in (0.0, 1.0):
+        return -math.inf if theta == 0.0 else math.inf
+    t = math.log(theta) - math.log1p(-theta)
+    t32 = torch.tensor(t, dtype=torch.float64).float()
+    if t32.double() > t:
+        t32 = torch.nextafter(t32, torch.tensor(-math.inf))
+    return float(t32)
+
+
+def commit_step_ref(
+    score: torch.Tensor,
+    tau: torch.Tensor,
+    active: torch.Tensor,
+    proposal: torch.Tensor,
+    positions: torch.Tensor,
+    x: torch.Tensor,
+    state: torch.Tensor,
+    end_ids: torch.Tensor,
+    theta: float,
+    cap: int,
+) -> tuple:
+    """One step's commit rule over the window's slots, in place on the canvas, with no host sync.
+
+    The margin is ``m = score - tau`` (fp32) and ``p = sigmoid(m)``. A slot is *live* when ``active``, its position
+    lies in [0, L) and is ACTIVE on the canvas (only ACTIVE ever moves), and ``m`` is not NaN (NaN never commits).
+    Live slots with ``p > theta`` (strict: ``p == theta`` does not commit) pass, decided exactly as
+    ``m > commit_margin_threshold(theta)``. With ``cap > 0`` only the ``cap`` passing slots of highest ``p`` stay,
+    ties to the lowest slot. When no live slot passes, the single best live slot commits (highest ``p``, ties to
+    the lowest slot); a row with no live slot commits nothing. "Highest p" is highest ``m``, and a tie is equal
+    ``m``: sigmoid is strictly increasing, so this is the order of the exact probabilities. A committed slot writes
+    ``x = proposal`` at its position and ``state = EOT`` if the proposal is one of ``end_ids``, else LOCKED.
+    The live slots of a row must have distinct positions (a window's slots do); R >= 1 and L >= 1.
+
+    Args:
+        score (torch.Tensor): [B, R] controller score ``a`` at the slots, fp32 (fp16/bf16 are upcast).
+        tau (torch.Tensor): [B] per-row threshold ``tau``, fp32 (upcast likewise).
+        active (torch.Tensor): [B, R] bool slots that may commit.
+        proposal (torch.Tensor): [B, R] int64 proposed tokens.
+        positions (torch.Tensor): [B, R] int64 canvas position of each slot (outside [0, L): not live).
+        x (torch.Tensor): [B, L] int64 canvas tokens. Modified in place.
+        state (torch.Tensor): [B, L] uint8 position states (``tracelock.states``). Modified in place.
+        end_ids (torch.Tensor): [E] int64 end tokens; E may be 0.
+        theta (float): commit probability threshold in [0, 1].
+        cap (int): most commits per row per step; 0 = no cap.
+
+    Returns:
+        first_active (torch.Tensor): [B] int64 first ACTIVE position per row after the commits, or L if none
+            (the window's new left pointer).
+        done (torch.Tensor): [B] bool ``first_active == L``.
+    """
+    B, L = x.shape
+    R = score.shape[1]
+    m = score.float() - tau.float()[:, None]
+    in_canvas = (positions >= 0) & (positions < L)
+    pos = positions.clamp(0, L - 1)
+    live = active & in_canvas & (state.gather(1, pos) == ACTIVE) & ~m.isnan()
+    passing = live & (m > commit_margin_threshold(theta))
+    slot = torch.arange(R, device=score.device)
+    if cap > 0:
+        # beats[b, j, i]: slot j outranks slot i (higher m, or equal m at a lower slot)
+        beats = (m[:, :, None] > m[:, None, :]) | ((m[:, :, None] == m[:, None, :]) & (slot[:, None] < slot[None, :]))
+        rank = (beats & passing[:, :, None]).sum(1)
+        passing &= rank < cap
+    # fallback: the lowest slot among the live slots of highest m (equality, not argmax, so a live m = -inf counts)
+    best_m = torch.where(live, m, -math.inf).amax(1, keepdim=True)
+    best = torch.where(live & (m == best_m), slot, R).amin(1, keepdim=True)
+    commit = passing | ((slot == best) & ~passing.any(1, keepdim=True))
+    new_state = torch.where(torch.isin(proposal, end_ids), EOT, LOCKED).to(state.dtype)
+    # scatter through a sentinel column L: slots that do not commit all write there, so they never collide with
+    # a committed slot's position, and no boolean indexing (a host sync) is needed
+    idx = torch.where(commit, pos, L)
+    x_ext = torch.cat([x, x.new_zeros((B, 1))], dim=1).scatter_(1, idx, proposal)
+    state_ext = torch.cat([state, state.new_zeros((B, 1))], dim=1).scatter_(1, idx, new_state)
+    x.copy_(x_ext[:, :L])
+    state.copy_(state_ext[:, :L])
+    still = torch.cat([state == ACTIVE, torch.ones((B, 1), dtype=torch.bool, device=x.device)], dim=1)
+    first_active = torch.where(still, torch.arange(L + 1, device=x.device), L).amin(1)
+    return first_active, first_active == L

@@ -229,3 +229,72 @@ def window_logits_stats(hidden: torch.Tensor, weight: torch.Tensor, eos_id: int 
     from tracelock.kernels.window_logits_stats import window_logits_stats_triton
 
     return window_logits_stats_triton(hidden, weight, eos_id)
+
+
+def commit_step(
+    score: torch.Tensor,
+    tau: torch.Tensor,
+    active: torch.Tensor,
+    proposal: torch.Tensor,
+    positions: torch.Tensor,
+    x: torch.Tensor,
+    state: torch.Tensor,
+    end_ids: torch.Tensor,
+    theta: float,
+    cap: int = 0,
+    *,
+    impl: str | None = None,
+) -> tuple:
+    """The commit rule of one step over the window's slots, in place on the canvas (spec: ``commit_step_ref``).
+
+    Margin ``m = score - tau``, ``p = sigmoid(m)``: live slots (active, ACTIVE on the canvas, not NaN) with
+    ``p > theta`` commit, at most ``cap`` of them by descending ``p`` (ties to the lowest slot); when none passes,
+    the best live slot commits. Committed positions take their proposal and become EOT (an end token) or LOCKED.
+    No host sync: the outputs stay on the device.
+
+    Args:
+        score (torch.Tensor): [B, R] controller score at the slots, fp32 (fp16/bf16 upcast).
+        tau (torch.Tensor): [B] per-row threshold, fp32 (fp16/bf16 upcast).
+        active (torch.Tensor): [B, R] bool slots that may commit.
+        proposal (torch.Tensor): [B, R] int64 proposed tokens.
+        positions (torch.Tensor): [B, R] int64 canvas positions of the slots (distinct among live slots).
+        x (torch.Tensor): [B, L] int64 canvas tokens. Modified in place.
+        state (torch.Tensor): [B, L] uint8 position states. Modified in place.
+        end_ids (torch.Tensor): [E] int64 end tokens; E may be 0.
+        theta (float): commit threshold on ``p``, in [0, 1] (strict ``>``). The paper's default is 0.95.
+        cap (int): most commits per row and step; 0 = no cap. Default: 0.
+        impl (str, optional): "torch" or "triton". Default: ``TRACELOCK_IMPL``, else the fastest available.
+
+    Returns:
+        (first_active [B] int64, the first ACTIVE position per row or L; done [B] bool, ``first_active == L``).
+    """
+    from tracelock.kernels.ref import commit_margin_threshold
+
+    _check_arg("x", x, (torch.int64,))
+    _check_dims("x", x, "[B, L]")
+    _check_arg("score", score, _FLOATS, like=("x", x))
+    _check_dims("score", score, "[B, R]")
+    B, L = x.shape
+    R = score.shape[1]
+    if score.shape[0] != B or R == 0 or L == 0:
+        raise ValueError(f"score must be [B, R] with B = {B} (x's rows) and R >= 1, and x must have L >= 1 "
+                         f"positions; got score {list(score.shape)}, x {list(x.shape)}")
+    like = ("x", x)
+    _check_arg("tau", tau, _FLOATS, (B,), like)
+    _check_arg("active", active, (torch.bool,), (B, R), like)
+    _check_arg("proposal", proposal, (torch.int64,), (B, R), like)
+    _check_arg("positions", positions, (torch.int64,), (B, R), like)
+    _check_arg("state", state, (torch.uint8,), (B, L), like)
+    _check_arg("end_ids", end_ids, (torch.int64,), like=like)
+    _check_dims("end_ids", end_ids, "[E]")
+    commit_margin_threshold(theta)
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+        raise ValueError(f"cap must be an int >= 0 (0 = no cap), got {cap!r}")
+    chosen = _pick_impl("commit_step", impl, x.device, ("torch", "triton"))
+    if chosen == "torch":
+        from tracelock.kernels.ref import commit_step_ref
+
+        return commit_step_ref(score, tau, active, proposal, positions, x, state, end_ids, float(theta), cap)
+    from tracelock.kernels.commit_step import commit_step_triton
+
+    return commit_step_triton(score, tau, active, proposal, positions, x, state, end_ids, float(theta), cap)
