@@ -19,8 +19,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 RTOL, ATOL = 1e-5, 1e-5
 NAMES = ("max_prob", "second_prob", "neg_entropy", "eos_prob")
 # (R, D, V, split_v): V not a multiple of the 128-column tile; split_v forces several vocabulary splits whose
-# merge is then tested, None takes the launcher's choice
-SHAPES = [(1, 64, 1000, None), (5, 48, 1031, 256), (63, 32, 1000, 384), (3, 16, 6151, None)]
+# merge is then tested, None takes the launcher's choice; R = 129 needs two row tiles
+SHAPES = [(1, 64, 1000, None), (5, 48, 1031, 256), (63, 32, 1000, 384), (3, 16, 6151, None), (129, 16, 1000, None)]
 
 
 @pytest.fixture(autouse=True)
@@ -105,6 +105,15 @@ def test_window_logits_stats_ties_to_lowest_index(poisoned_empty):
             assert tri[1][r] == tri[2][r]
     for name, r, t in zip(NAMES, ref[1:], tri[1:]):
         assert_close(name, r, t, atol=ATOL, rtol=RTOL)
+
+
+def test_window_logits_stats_strided_rows():
+    # the window's rows gathered as a view of a wider buffer: rows strided, each row contiguous
+    base, weight = make_inputs(9, 64, 1031, torch.bfloat16)
+    hidden = base[:, :32]
+    weight = weight[:, :32].contiguous()
+    check_against_ref(window_logits_stats_ref(hidden, weight, 1), ops.window_logits_stats(hidden, weight, 1,
+                      impl="triton"), hidden, weight)
 
 
 def test_window_logits_stats_single_token_vocab(poisoned_empty):
