@@ -14,6 +14,7 @@ from tracelock.models import loading
 from tracelock.models.spec import CheckpointError
 from tracelock.testbed import held_out
 from tracelock.testbed.evaluate import evaluate_policies, format_table
+from tracelock.testbed.model_files import NUMBER_TOKENS, train_tokenizer
 from tracelock.testbed.train import TrainConfig, train
 
 
@@ -40,13 +41,19 @@ def test_trained_folder_loads_and_round_trips_code(trained):
         ids = tok(ex.answer, add_special_tokens=False)["input_ids"]
         # byte-level BPE keeps indentation and newlines exactly: generated Python stays valid
         assert tok.decode(ids) == ex.answer
-    # digits are split one per token, so arithmetic is learned digit by digit
+    # a token never mixes digits with letters
     math = held_out("math", "test", 3)
     for ex in math:
-        pieces = [tok.decode([i]) for i in tok(ex.answer, add_special_tokens=False)["input_ids"]]
-        assert all(len(p.strip()) == 1 for p in pieces if any(c.isdigit() for c in p))
+        pieces = [tok.decode([i]).strip() for i in tok(ex.answer, add_special_tokens=False)["input_ids"]]
+        assert all(p.isdigit() for p in pieces if any(c.isdigit() for c in p))
     log = json.loads((trained / "train_state.json").read_text())
     assert log["step"] == 4 and len(log["loss"]) == 0
+
+
+def test_shipped_tokenizer_settings_make_every_task_number_one_token():
+    tok = train_tokenizer(("math", "code"), vocab_size=1024, corpus_size=300, seed=0)
+    for n in range(NUMBER_TOKENS):
+        assert len(tok.encode(f"{n}").ids) == 1 and len(tok.encode(f"has {n}").ids) == 2, n
 
 
 def test_resume_after_interruption_gives_the_same_weights(trained, tmp_path):
