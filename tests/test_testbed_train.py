@@ -53,7 +53,7 @@ def test_trained_folder_loads_and_round_trips_code(trained):
 def test_shipped_tokenizer_settings_make_every_task_number_one_token():
     tok = train_tokenizer(("math", "code"), vocab_size=1024, corpus_size=300, seed=0)
     for n in range(NUMBER_TOKENS):
-        assert len(tok.encode(f"{n}").ids) == 1 and len(tok.encode(f"has {n}").ids) == 2, n
+        assert len(tok.encode(f"{n}").ids) == 1 and len(tok.encode(f" {n}").ids) == 1, n
 
 
 def test_resume_after_interruption_gives_the_same_weights(trained, tmp_path):
