@@ -39,7 +39,7 @@ def _prompts(model, lengths=(9, 5, 12)):
 
 def test_policy_names_are_complete():
     assert sorted(POLICIES) == sorted(["random", "confidence", "origin", "maskgit_plus", "topk_margin", "entropy",
-                                       "threshold", "factor", "topk"])
+                                       "threshold", "factor", "topk", "tracelock"])
 
 
 @pytest.mark.parametrize("schedule", [{"block": 4}, {"window": 4}, {}], ids=["block4", "window4", "full"])

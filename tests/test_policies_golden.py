@@ -214,7 +214,8 @@ def test_dream_origin_reveal_probability_and_last_step():
     assert _picked(policy.select(last, torch.Generator().manual_seed(0))) == [0, 2, 3]
 
 
-@pytest.mark.parametrize("name", sorted(POLICIES))
+# learned policies need a controller to be built (tests/test_tracelock_policy.py covers them)
+@pytest.mark.parametrize("name", sorted(n for n, cls in POLICIES.items() if not cls.needs_taps))
 def test_policies_seeded_reproducible(name):
     policy = make_policy(name)
     policy.setup(gen_length=16, num_regions=2)
@@ -227,7 +228,8 @@ def test_policies_seeded_reproducible(name):
 
 def test_policy_registry():
     assert sorted(POLICIES) == sorted(
-        ["random", "confidence", "topk", "origin", "maskgit_plus", "topk_margin", "entropy", "threshold", "factor"]
+        ["random", "confidence", "topk", "origin", "maskgit_plus", "topk_margin", "entropy", "threshold", "factor",
+         "tracelock"]
     )
     stochastic = {name for name, cls in POLICIES.items() if not cls.deterministic}
     assert stochastic == {"random", "origin"}

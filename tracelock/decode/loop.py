@@ -140,7 +140,8 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
         step_input = StepInput(signals=signals, active=active, region_step=counters.region_step[rows],
                                region_initial=counters.region_initial[rows],
                                region_active=schedule.region_active(row_state, counters.block_idx[rows]),
-                               steps_per_region=S, positions=gather_pos, state=row_state, rows=rows, taps=taps)
+                               steps_per_region=S, positions=gather_pos, state=row_state, rows=rows, taps=taps,
+                               attention_mask=None if canvas.attention_mask is None else canvas.attention_mask[rows])
         chosen = policy.select(step_input, generator) & active
 
         scatter_pos = torch.where(valid, pos, L)
