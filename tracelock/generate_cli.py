@@ -2,34 +2,19 @@
 
 import json
 import sys
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from tracelock.generate import fused_generate
 from tracelock.models import load_model, load_tokenizer
-from tracelock.text import decode_answer, encode_prompt
+from tracelock.text import decode_answer, encode_prompt, read_prompt_rows
 
 
 def read_prompts(args) -> list:
     if args.prompt is not None:
         return [args.prompt]
-    path = Path(args.prompts)
-    prompts = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{n} is not valid JSON ({err})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            raise ValueError(f'{path}:{n} needs a "prompt" string, e.g. {{"prompt": "What is 2 + 3?"}}')
-        prompts.append(row["prompt"])
-    if not prompts:
-        raise ValueError(f"{path} holds no prompts")
-    return prompts
+    return [row["prompt"] for row in read_prompt_rows(args.prompts)]
 
 
 def parse_policy_args(pairs) -> dict:

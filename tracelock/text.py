@@ -1,4 +1,7 @@
-"""Prompt encoding with the checkpoint's chat template, and answer extraction from a generated region."""
+"""Prompt files and encoding with the checkpoint's chat template, and answer extraction from a generated region."""
+
+import json
+from pathlib import Path
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list:
@@ -19,3 +22,25 @@ def answer_ids(generated: list, end_ids) -> list:
 
 def decode_answer(tokenizer, generated: list, end_ids) -> str:
     return tokenizer.decode(answer_ids(generated, end_ids), skip_special_tokens=True)
+
+
+def read_prompt_rows(path) -> list[dict]:
+    """The rows of a JSONL prompt file: one ``{"prompt": str, ...}`` object per non-empty line.
+
+    Raises ValueError naming the file and line for bad JSON or a missing prompt, and for a file without prompts.
+    """
+    path = Path(path)
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{n} is not valid JSON ({err})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise ValueError(f'{path}:{n} needs a "prompt" string, e.g. {{"prompt": "What is 2 + 3?"}}')
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"{path} holds no prompts")
+    return rows

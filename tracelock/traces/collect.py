@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tracelock.text import read_prompt_rows
 from tracelock.traces.filters import FilterConfig, code_reasons, text_reason
 from tracelock.traces.store import TraceWriter, atomic_write_json, build_index, done_records, store_bytes_per_trace
 
@@ -56,19 +57,9 @@ def load_items(spec: str, num: int | None, seed: int = 0) -> list[Item]:
     if not path.exists():
         raise FileNotFoundError(f"--prompts {spec!r} is neither testbed:TASKS nor an existing JSONL file")
     items = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{n} is not valid JSON ({err})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            raise ValueError(f'{path}:{n} needs a "prompt" string, e.g. {{"prompt": "What is 2 + 3?"}}')
+    for row in read_prompt_rows(path):
         item_id = row.get("id", f"{path.stem}:{len(items)}")
         items.append(Item(str(item_id), row["prompt"], dict(task="jsonl", index=len(items), source=str(path))))
-    if not items:
-        raise ValueError(f"{path} holds no prompts")
     items = items[:num] if num else items
     ids = [it.id for it in items]
     if len(set(ids)) != len(ids):
