@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -30,8 +28,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from tracelock import states
+from tracelock.atomic import atomic_write, atomic_write_text
 
-__all__ = ["FEATURE_SETS", "Controller", "ControllerConfig", "active_confidence", "atomic_write", "check_fingerprint",
+__all__ = ["FEATURE_SETS", "Controller", "ControllerConfig", "active_confidence", "check_fingerprint",
            "controller_fingerprint"]
 
 # code groups each feature set reads (paper Table "Feature ablations"); group names as in `tracelock.features`
@@ -184,7 +183,7 @@ class Controller(nn.Module):
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         atomic_write(path, lambda tmp: save_file(tensors, tmp))
         config = json.dumps({"kind": "tracelock-controller", **asdict(self.config)}, indent=2)
-        atomic_write(path.with_suffix(".json"), lambda tmp: Path(tmp).write_text(config + "\n"))
+        atomic_write_text(path.with_suffix(".json"), config + "\n")
         return path
 
     @classmethod
@@ -212,16 +211,6 @@ class Controller(nn.Module):
         return model.to(device).eval() if device is not None else model.eval()
 
 
-def atomic_write(path: Path, write) -> None:
-    """Run ``write(tmp)`` on a temp file beside ``path``, then rename it into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def active_confidence(confidence: torch.Tensor, state: torch.Tensor) -> torch.Tensor:

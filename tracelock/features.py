@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+from tracelock.atomic import atomic_write, atomic_write_text
 
 # the paper's widths; anything up to the backbone's hidden size may be asked for
 REFERENCE_HIDDEN_DIM = 256
@@ -223,21 +223,12 @@ class TapEncoder(nn.Module):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        _atomic(folder / WEIGHTS_FILE, lambda p: save_file(tensors, p))
+        atomic_write(folder / WEIGHTS_FILE, lambda p: save_file(tensors, p))
         text = json.dumps(self.config(), indent=1, sort_keys=True)
-        _atomic(folder / CONFIG_FILE, lambda p: Path(p).write_text(text))
+        atomic_write_text(folder / CONFIG_FILE, text)
         return folder
 
 
-def _atomic(path: Path, write):
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def load_encoder(folder, model=None, device=None) -> TapEncoder:

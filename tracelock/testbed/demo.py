@@ -1,11 +1,11 @@
 """`tracelock demo`: the bundled testbed model, held-out items, every heuristic baseline, one table each."""
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
+from tracelock.atomic import atomic_write_json
 from tracelock.models import load_model, load_tokenizer
 from tracelock.testbed.evaluate import demo_policies, evaluate_policies, format_table
 from tracelock.testbed.tasks import held_out
@@ -49,7 +49,5 @@ def run_eval(args) -> int:
             print(format_table(task, f"gen {gen_length}, {args.schedule} {width}", rows) + "\n", flush=True)
             results[key] = [dict(policy=r.label, accuracy=r.accuracy, avg_steps=r.avg_steps,
                                  seconds_per_item=r.seconds_per_item, n=len(items)) for r in rows]
-            tmp = out.with_name(out.name + ".tmp")
-            tmp.write_text(json.dumps(results, indent=1))
-            os.replace(tmp, out)
+            atomic_write_json(out, results)
     return 0

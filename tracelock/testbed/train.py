@@ -10,7 +10,6 @@ safetensors + JSON every ``save_every`` steps; nothing is pickled.
 import dataclasses
 import json
 import math
-import os
 import random
 import time
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from tracelock.atomic import atomic_write, atomic_write_json
 from tracelock.models.backbone import DiffusionBackbone
 from tracelock.models.loading import load_tokenizer
 from tracelock.models.spec import ModelSpec
@@ -58,12 +58,6 @@ class TrainConfig:
 def _weights_config(config: dict) -> dict:
     """The settings that determine the weights (JSON-normalised), for the resume check."""
     return {k: v for k, v in json.loads(json.dumps(config)).items() if k not in ("out", "save_every", "threads")}
-
-
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 class Batches:
@@ -132,8 +126,8 @@ def _save_state(out: Path, model, opt, step: int, log: dict) -> None:
     for n, p in model.named_parameters():
         for k, v in opt.state.get(p, {}).items():
             tensors[f"opt/{n}/{k}"] = v.detach().reshape(v.shape).contiguous()
-    _atomic_write(out / "train_state.safetensors", lambda p: save_file(tensors, str(p)))
-    _atomic_write(out / "train_state.json", lambda p: p.write_text(json.dumps({**log, "step": step}, indent=1)))
+    atomic_write(out / "train_state.safetensors", lambda p: save_file(tensors, p))
+    atomic_write_json(out / "train_state.json", {**log, "step": step})
 
 
 def _load_state(out: Path, model, opt) -> tuple:

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from tracelock import states
+from tracelock.atomic import atomic_write, atomic_write_json
 from tracelock.traces.replay import replay
 
 FORMAT = "tracelock-feature-cache/1"
@@ -47,20 +47,13 @@ def _sha256(path: Path) -> str:
 
 
 def _write_npy(path: Path, arr: np.ndarray) -> dict:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
+
+    atomic_write(path, write)
     return dict(file=path.name, shape=list(arr.shape), dtype=arr.dtype.str, sha256=_sha256(path),
                 bytes=path.stat().st_size)
-
-
-def _write_json(path: Path, obj):
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
 
 
 def quantise_int8(codes: np.ndarray) -> tuple:
@@ -184,7 +177,7 @@ def featurize(model, encoder, traces, out, *, dtype: str = "fp16", steps: str = 
         nonlocal builder
         if builder.traces:
             index["shards"].append(builder.write(out, f"shard-{len(index['shards']):05d}"))
-            _write_json(out / INDEX, index)
+            atomic_write_json(out / INDEX, index)
             summary["shards"] += 1
         builder = _ShardBuilder(dtype)
 
@@ -209,7 +202,7 @@ def featurize(model, encoder, traces, out, *, dtype: str = "fp16", steps: str = 
             flush()
     flush()
     if not (out / INDEX).exists():
-        _write_json(out / INDEX, index)
+        atomic_write_json(out / INDEX, index)
     return summary
 
 

@@ -19,9 +19,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tracelock.atomic import atomic_write_json
 from tracelock.text import read_prompt_rows
 from tracelock.traces.filters import FilterConfig, code_reasons, text_reason
-from tracelock.traces.store import TraceWriter, atomic_write_json, build_index, done_records, store_bytes_per_trace
+from tracelock.traces.store import TraceWriter, build_index, done_records, store_bytes_per_trace
 
 SETTINGS, SUMMARY = "collect.json", "summary.json"
 # testing hook: exit the process hard (no cleanup, like a kill) once it has written this many shards

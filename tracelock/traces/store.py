@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
+from tracelock.atomic import atomic_write_bytes, atomic_write_json
 from tracelock.traces.trace import NO_PROPOSAL, Trace
 
 FORMAT, VERSION = "tracelock-traces", 1
@@ -44,24 +44,6 @@ class CorruptShardError(ValueError):
 def _recover_hint(path: Path) -> str:
     return (f"delete {path} and re-run the same `tracelock collect` command: it resumes and decodes that shard's "
             "items again (or restore the file from a copy)")
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def atomic_write_json(path: Path, obj) -> None:
-    atomic_write(path, (json.dumps(obj, indent=1) + "\n").encode())
 
 
 def _smallest_uint(values: np.ndarray) -> np.ndarray:
@@ -267,7 +249,7 @@ class TraceWriter:
         if self._buffer:
             name = f"{self.prefix}-{self._next:05d}.safetensors"
             data = encode_shard(self._buffer)
-            atomic_write(self.folder / name, data)
+            atomic_write_bytes(self.folder / name, data)
             entry = dict(file=name, sha256=hashlib.sha256(data).hexdigest(), bytes=len(data),
                          num_traces=len(self._buffer), ids=[t.meta["id"] for t in self._buffer])
             self.shards.append(entry)

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from tracelock import states
-from tracelock.controller import Controller, ControllerConfig, active_confidence, atomic_write
+from tracelock.atomic import atomic_write, atomic_write_json, atomic_write_text
+from tracelock.controller import Controller, ControllerConfig, active_confidence
 from tracelock.train import metrics
 
 __all__ = ["TrainConfig", "batch_items", "collate", "controller_loss", "crop_lengths", "loss_terms", "train"]
@@ -192,7 +193,7 @@ def _save_state(out: Path, step: int, model, opt, info: dict) -> None:
     name = f"state-{step:08d}.safetensors"
     atomic_write(out / name, lambda tmp: save_file(tensors, tmp))
     text = json.dumps(dict(info, step=step, file=name), indent=1)
-    atomic_write(out / "state.json", lambda tmp: Path(tmp).write_text(text))
+    atomic_write_text(out / "state.json", text)
     for old in out.glob("state-*.safetensors"):
         if old.name != name:
             old.unlink()
@@ -325,9 +326,9 @@ def _finish(out: Path, cache, val_idx, val_r, config: TrainConfig, device, info:
     full = score_items(best, cache, val_idx, np.ones(len(val_idx)), config.batch_size, device)
     result = dict(best_step=info["best_step"], validation_items=int(len(val_idx)),
                   fixed_crop=metrics.stability_metrics(*fixed), full=metrics.stability_metrics(*full))
-    atomic_write(out / "metrics.json", lambda tmp: Path(tmp).write_text(json.dumps(result, indent=1) + "\n"))
+    atomic_write_json(out / "metrics.json", result)
     history = json.dumps(info["history"], indent=1)
-    atomic_write(out / "history.json", lambda tmp: Path(tmp).write_text(history + "\n"))
+    atomic_write_text(out / "history.json", history + "\n")
 
 
 def _cache_fingerprint(cache) -> dict:
