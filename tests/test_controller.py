@@ -12,13 +12,7 @@ GROUPS = {"h1": (0, 4), "h2": (4, 8), "h3": (8, 12), "d21": (12, 14), "d32": (14
 SMALL = dict(width=32, layers=2, heads=4, ffn=48, dropout=0.0)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matmuls: a second thread only adds contention on a loaded 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _controller(**kw):

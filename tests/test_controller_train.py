@@ -22,13 +22,7 @@ GROUPS = {"h1": [0, 4], "h2": [4, 8], "h3": [8, 12], "d21": [12, 14], "d32": [14
 TINY = dict(width=32, layers=1, heads=2, ffn=48)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matmuls: a second thread only adds contention on a loaded 2-core machine (8 ms vs 70+ ms a step)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class SyntheticCache:

@@ -31,13 +31,7 @@ _spec.loader.exec_module(_helpers)
 record_traces, make_prompts = _helpers.record_traces, _helpers.make_prompts
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # NOTE: tiny ops on a loaded 2-core machine run ~50x faster on one thread (see test_features.py)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

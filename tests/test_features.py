@@ -62,13 +62,7 @@ def record_traces(model, prompts, *, gen_length=16, policy="topk", policy_args=N
     return traces
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # NOTE: tiny ops on a loaded 2-core machine: 150 autoencoder steps took 21 s with 2 threads, 0.4 s with 1
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_prompts(n, length, seed=0, vocab=200):

@@ -21,23 +21,6 @@ END_IDS = torch.tensor([3, 7], device=DEVICE)
 SHAPES = [(1, 63, 7), (3, 63, 33), (3, 257, 33), (1, 257, 129), (3, 63, 65)]
 
 
-@pytest.fixture(autouse=True)
-def _no_env_impl(monkeypatch):
-    monkeypatch.delenv("TRACELOCK_IMPL", raising=False)
-
-
-@pytest.fixture
-def poisoned_empty(monkeypatch):
-    """torch.empty filled with garbage: -7 for ints, True for bools, so unwritten outputs show."""
-    real = torch.empty
-
-    def empty(*args, **kwargs):
-        t = real(*args, **kwargs)
-        return t.fill_(True if t.dtype == torch.bool else -7)
-
-    monkeypatch.setattr(torch, "empty", empty)
-
-
 def make_window(B, L, R, *, score_scale=3.0, score_dtype=torch.float32):
     """A canvas (prompt, then a generation region of ACTIVE, LOCKED and EOT positions) and a window of R slots
     from each row's first ACTIVE position; slots past the canvas end get out-of-range positions. Row 1 has no

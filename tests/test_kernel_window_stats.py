@@ -23,23 +23,6 @@ NAMES = ("max_prob", "second_prob", "neg_entropy", "eos_prob")
 SHAPES = [(1, 64, 1000, None), (5, 48, 1031, 256), (63, 32, 1000, 384), (3, 16, 6151, None), (129, 16, 1000, None)]
 
 
-@pytest.fixture(autouse=True)
-def _no_env_impl(monkeypatch):
-    monkeypatch.delenv("TRACELOCK_IMPL", raising=False)
-
-
-@pytest.fixture
-def poisoned_empty(monkeypatch):
-    """torch.empty filled with NaN (floats) or -7 (ints): outputs and split partials must all be written."""
-    real = torch.empty
-
-    def empty(*args, **kwargs):
-        t = real(*args, **kwargs)
-        return t.fill_(float("nan") if t.is_floating_point() else -7)
-
-    monkeypatch.setattr(torch, "empty", empty)
-
-
 def make_inputs(R, D, V, dtype):
     # logits of unit-ish scale: the softmax is neither flat nor saturated
     hidden = torch.randn(R, D, device=DEVICE).to(dtype)

@@ -11,11 +11,6 @@ IMPLS = ("torch", "cpp", "cuda")
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
-@pytest.fixture(autouse=True)
-def _no_env_impl(monkeypatch):
-    monkeypatch.delenv("TRACELOCK_IMPL", raising=False)
-
-
 def fake_ext(monkeypatch, cpp, cuda):
     monkeypatch.setattr(_ext, "has_cpp", lambda: cpp)
     monkeypatch.setattr(_ext, "has_cuda_ext", lambda: cuda)

@@ -17,13 +17,7 @@ from tracelock.signals import compute_signals
 SMALL = dict(width=32, layers=1, heads=2, ffn=48, dropout=0.0)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matmuls: a second thread only adds contention on a loaded 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

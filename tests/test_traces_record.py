@@ -24,13 +24,7 @@ G = 16
 EOS_BIAS = 3.0  # makes the tiny models propose the end token now and then: EOT states and early stops
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # NOTE: on the shared 2-core test machine two torch threads made a 16-step decode 10x slower
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module", params=["llada", "dream"])
