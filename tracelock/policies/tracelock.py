@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from tracelock.kernels.ref import commit_margin_threshold
+
 from .base import Policy, StepInput, topk_mask
 
 __all__ = ["TraceLockPolicy"]
@@ -103,6 +105,7 @@ class TraceLockPolicy(Policy):
                              "(`tracelock train --confidence-input`)")
         self.theta, self.cap, self.inclusive = float(theta), cap, bool(reference_release)
         self.static_tau = None if static_tau is None else float(static_tau)
+        self._margin_threshold = commit_margin_threshold(self.theta)
         self._device, self._fold = None, None
 
     def _prepare(self, device, D: int):
@@ -160,8 +163,12 @@ class TraceLockPolicy(Policy):
     def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
         m, _ = self.margins(inp)
         active = inp.active
-        p = torch.sigmoid(m)
-        passes = active & ((p >= self.theta) if self.inclusive else (p > self.theta))
+        if self.inclusive:
+            # the reference release's rule as it runs there: fp32 sigmoid(m) >= theta
+            passes = active & (torch.sigmoid(m) >= self.theta)
+        else:
+            # sigmoid(m) > theta decided exactly on the margin, the rule of `commit_step` (kernels/ref.py)
+            passes = active & (m > self._margin_threshold)
         ones = torch.ones(len(m), dtype=torch.long, device=m.device)
         if self.cap is not None:
             # order by the margin: sigmoid saturates to exactly 1.0 in fp32 for m > ~17, the margin does not
