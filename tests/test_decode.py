@@ -95,17 +95,53 @@ def test_batch_equals_single(model, name, args):
         assert bstats.commits_per_step[row] == stats.commits_per_step[0]
 
 
-@pytest.mark.parametrize("name,args", DETERMINISTIC + [("random", {}), ("origin", {})],
-                         ids=[n for n, _ in DETERMINISTIC] + ["random", "origin"])
-def test_fused_equals_reference(model, name, args):
+# impl=None is what a user gets: here the Triton kernels under the interpreter (slow: three policies of different
+# kinds), and the C++ commits when built
+FUSED_CASES = ([(name, args, "torch") for name, args in DETERMINISTIC + [("random", {}), ("origin", {})]]
+               + [(name, args, None) for name, args in DETERMINISTIC if name in ("confidence", "threshold", "topk")])
+
+
+@pytest.mark.parametrize("name,args,impl", FUSED_CASES, ids=[f"{n}-{i or 'default'}" for n, _, i in FUSED_CASES])
+def test_fused_equals_reference(model, name, args, impl):
     prompts = _prompts(model)
     ref, ref_stats = tracelock.reference_generate(model, prompts, policy=name, policy_args=args, gen_length=G,
                                                   window=6, stop_at_eot=True)
     got, got_stats = tracelock.fused_generate(model, prompts, policy=name, policy_args=args, gen_length=G, window=6,
-                                              stop_at_eot=True)
+                                              stop_at_eot=True, impl=impl)
     assert torch.equal(ref, got)
     assert ref_stats.steps == got_stats.steps
     assert ref_stats.commits_per_step == got_stats.commits_per_step
+
+
+def _count_lm_head_calls(model, run) -> int:
+    calls = []
+    handle = model.lm_head.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        run()
+    finally:
+        handle.remove()
+    return len(calls)
+
+
+def test_fused_greedy_never_writes_logits(model):
+    """Greedy decoding scores the window from the LM head's input (window_logits_stats): the head module never
+    runs; sampling needs the logits and does run it."""
+    prompts = _prompts(model)
+    kwargs = dict(policy="confidence", gen_length=G, block=8, impl="torch")
+    assert _count_lm_head_calls(model, lambda: tracelock.fused_generate(model, prompts, **kwargs)) == 0
+    assert _count_lm_head_calls(model, lambda: tracelock.reference_generate(model, prompts, **kwargs)) == G
+    sampled = lambda: tracelock.fused_generate(model, prompts, temperature=0.7, **kwargs)  # noqa: E731
+    assert _count_lm_head_calls(model, sampled) == G
+
+
+def test_fused_impl_names_map_to_each_op(model, monkeypatch):
+    prompts = _prompts(model)[:1]
+    ref, _ = tracelock.reference_generate(model, prompts, policy="confidence", gen_length=G, block=8)
+    monkeypatch.setenv("TRACELOCK_IMPL", "torch")
+    assert torch.equal(tracelock.fused_generate(model, prompts, policy="confidence", gen_length=G, block=8)[0], ref)
+    monkeypatch.setenv("TRACELOCK_IMPL", "cutlass")
+    with pytest.raises(ValueError, match="unknown impl 'cutlass'.*known impls: torch, triton, cpp, cuda"):
+        tracelock.fused_generate(model, prompts, policy="confidence", gen_length=G, block=8)
 
 
 def test_seeded_sampling_is_reproducible(model):

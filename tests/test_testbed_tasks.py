@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tracelock.eval.gsm8k import check_equations, extract_answer
+from tracelock.testbed.math_task import MAX_VALUE
 from tracelock.testbed import (
     TASKS,
     Example,
@@ -109,10 +110,10 @@ def _check_math_answer(e: Example, answer: str) -> None:
     assert extract_answer(answer) == e.target and answer.endswith(f"#### {e.target}")
     assert score(e, answer) is True
     eqs = _EQ.findall(answer)
-    assert len(eqs) >= 2, answer  # 2-3 steps, each with an equation
+    assert len(eqs) >= 1, answer  # 1-3 steps, each with an equation
     for a, op, b, c in eqs:
         assert {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op] == int(c), answer
-        assert all(0 <= int(v) <= 99 for v in (a, b, c))
+        assert all(0 <= int(v) <= MAX_VALUE for v in (a, b, c))
     n, ok = check_equations(answer)
     assert n == ok == len(eqs)
     assert len(answer) <= 200 and approx_tokens(answer) <= 45, answer

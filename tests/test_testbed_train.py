@@ -82,7 +82,7 @@ def test_evaluation_scores_math_and_sandboxed_code(trained):
         # the oracle commits at least everything the reference got right in one step: never more steps
         assert rows[2].avg_steps <= rows[0].avg_steps
         assert all(len(r.correct) == 3 for r in rows)
-        assert "| confidence 1/step |" in format_table(task, "gen 16, block 8", rows)
+        assert "| confidence 1/step |" in format_table(task, "gen 16, block 8", [r.summary() for r in rows])
     # the reference answers themselves pass: the scorer is not trivially false
     from tracelock.testbed.evaluate import score_items
 
@@ -98,6 +98,25 @@ def test_demo_cli(trained):
     assert proc.returncode == 0, proc.stderr
     assert "math, gen 16, block 8, 2 held-out items" in proc.stdout
     assert "| random 1/step |" in proc.stdout and "| oracle (of confidence 1/step) |" in proc.stdout
+
+
+def test_eval_cli_resumes_per_policy_row(trained, tmp_path):
+    out = tmp_path / "eval.json"
+    cmd = [sys.executable, "-m", "tracelock", "testbed-eval", "--model", str(trained), "--tasks", "math", "--n", "2",
+           "--settings", "16/8", "--out", str(out)]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    rows = json.loads(out.read_text())["math gen16 block8"]
+    assert [r["policy"] for r in rows][-1] == "oracle (of confidence 1/step)" and len(rows) == 8
+    # drop the last policy row and the oracle, as if the run had died there: only those two run again
+    out.write_text(json.dumps({"math gen16 block8": rows[:-2]}))
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    ran = [line.split(": ", 1)[1] for line in second.stderr.splitlines() if line.startswith("  math gen16 block8: ")]
+    assert ran == [rows[-2]["policy"], "oracle"]
+    again = json.loads(out.read_text())["math gen16 block8"]
+    assert [r["accuracy"] for r in again] == [r["accuracy"] for r in rows]
+    assert [r["avg_steps"] for r in again] == [r["avg_steps"] for r in rows]
 
 
 def test_bundled_name_resolves(trained, monkeypatch, tmp_path):

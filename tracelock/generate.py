@@ -1,9 +1,30 @@
-"""`fused_generate`: the decoding entry point, running its per-step ops through `tracelock.ops`."""
+"""`fused_generate`: the decoding entry point, running its per-step ops through `tracelock.ops`.
+
+Greedy steps without CFG score the window with `ops.window_logits_stats` (the LM head and its softmax
+statistics in one op, from the final-normed hidden states), so no [b, R, V] logits are written; sampling and
+CFG need the logits and take the reference path. The commits go through `ops.apply_commits`.
+"""
 
 from functools import partial
 
 from tracelock import ops
 from tracelock.decode.loop import run_decode
+
+# what each `impl` of fused_generate runs per op: the ops lack some implementations (the kernels have no C++
+# version, the commit bookkeeping no Triton one), so a family maps to its nearest member; None = the op's default
+_IMPL_PER_OP = {
+    # impl: (apply_commits, window_logits_stats)
+    "torch": ("torch", "torch"),
+    "cpp": ("cpp", "torch"),
+    "triton": ("torch", "triton"),
+    "cuda": ("cuda", "triton"),
+}
+
+
+def _op_impls(impl: str | None) -> tuple:
+    """(apply_commits impl, window_logits_stats impl) for ``impl`` or ``TRACELOCK_IMPL``; (None, None) = defaults."""
+    requested = ops.requested_impl(impl)
+    return (None, None) if requested is None else _IMPL_PER_OP[requested]
 
 
 def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
@@ -25,7 +46,9 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
         stop_at_eot (bool): a committed end token finishes its row. Default: False (paper presets).
         idle_steps (bool): reproduce the reference release's block-advance artifact. Default: False.
         seed (int): seed of sampling and random policies. Default: 0.
-        impl (str, optional): op implementation ("torch", "cpp", "cuda"). Default: the fastest available.
+        impl (str, optional): op implementations: "torch" (the specs), "cpp" (C++ commits, torch scoring),
+            "triton" (Triton scoring, torch commits) or "cuda" (CUDA commits, Triton scoring). Default:
+            ``TRACELOCK_IMPL``, else each op's fastest available.
         observer (callable, optional): called with a `tracelock.decode.loop.StepRecord` at every step
             (what trace recording uses). Default: None.
 
@@ -38,7 +61,9 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
         tokens, stats = tracelock.fused_generate(model, ids, policy="threshold", gen_length=64, block=16)
         print(stats.steps)
     """
+    commits_impl, stats_impl = _op_impls(impl)
     return run_decode(model, input_ids, policy=policy, gen_length=gen_length, block=block, window=window,
                       policy_args=policy_args, attention_mask=attention_mask, temperature=temperature,
                       cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed, observer=observer,
-                      apply_commits=partial(ops.apply_commits, impl=impl))
+                      apply_commits=partial(ops.apply_commits, impl=commits_impl),
+                      window_stats=partial(ops.window_logits_stats, impl=stats_impl))

@@ -30,7 +30,8 @@ def _triton_state(device: torch.device) -> str | None:
     return None
 
 
-def _requested_impl(impl: str | None) -> str | None:
+def requested_impl(impl: str | None) -> str | None:
+    """``impl``, else ``TRACELOCK_IMPL``, else None; an unknown name is an error that lists the known ones."""
     impl = impl or os.environ.get("TRACELOCK_IMPL") or None
     if impl is not None and impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r} (from impl= or TRACELOCK_IMPL); known impls: {', '.join(IMPLS)}")
@@ -58,7 +59,7 @@ def _check_available(op: str, impl: str, device: torch.device, impls: tuple[str,
 
 
 def _pick_impl(op: str, impl: str | None, device: torch.device, impls: tuple[str, ...]) -> str:
-    requested = _requested_impl(impl)
+    requested = requested_impl(impl)
     if requested is not None:
         _check_available(op, requested, device, impls)
         return requested

@@ -1,8 +1,10 @@
 """One decoding loop for every policy and schedule: prepare -> (denoise_step -> commit -> advance)*.
 
-`reference_generate` runs it with the plain-PyTorch ``*_ref`` ops, `fused_generate` with the op
-dispatcher; everything else (the forward, the signals, the policy, the step accounting) is shared, so
-the two must give identical tokens and step counts.
+`reference_generate` runs it with the plain-PyTorch ``*_ref`` ops and the full [b, R, V] logits;
+`fused_generate` with the op dispatcher, and for greedy decoding without CFG it scores the slots with
+`ops.window_logits_stats` straight from the LM head's input, so the logits are never written. Everything
+else (the forward, the policy, the step accounting) is shared, and the two must give identical tokens and
+step counts.
 """
 
 import time
@@ -16,7 +18,7 @@ from tracelock.decode.schedule import Schedule
 from tracelock.models.backbone import DiffusionBackbone
 from tracelock.policies import make_policy
 from tracelock.policies.base import StepInput
-from tracelock.signals import apply_cfg, compute_signals
+from tracelock.signals import Signals, apply_cfg, compute_signals
 
 
 @dataclass
@@ -85,6 +87,19 @@ def _denoise_step(model, canvas: Canvas, rows, positions, cfg_scale, tap_positio
     return apply_cfg(cond, un, cfg_scale), None if not taps else tuple(t.chunk(2)[0] for t in out.taps)
 
 
+def _fused_signals(model, canvas: Canvas, rows, positions, tap_positions, window_stats):
+    """Greedy signals [b, R] of the given rows' slots and the taps, without the [b, R, V] logits: the forward
+    stops at the LM head's input and ``window_stats`` (`ops.window_logits_stats`) applies the head and its
+    softmax statistics in one pass. The same values as `compute_signals` on the logits at temperature 0."""
+    mask = None if canvas.attention_mask is None else canvas.attention_mask[rows]
+    out = model.predict(canvas.x[rows], positions, mask, return_hidden=True, return_taps=tap_positions is not None,
+                        tap_positions=tap_positions)
+    b, R, D = out.hidden.shape
+    proposal, max_prob, second_prob, neg_entropy, eos_prob = (
+        t.view(b, R) for t in window_stats(out.hidden.reshape(b * R, D), model.lm_head.weight, model.spec.eos_id))
+    return Signals(proposal, max_prob, max_prob - second_prob, neg_entropy, eos_prob), out.taps
+
+
 def _gen_lengths(canvas: Canvas, end_ids) -> list:
     gen = canvas.x[:, canvas.prompt_len:]
     is_end = torch.isin(gen, torch.tensor(end_ids, device=gen.device))
@@ -95,9 +110,10 @@ def _gen_lengths(canvas: Canvas, end_ids) -> list:
 @torch.no_grad()
 def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
                attention_mask=None, temperature=0.0, cfg_scale=0.0, stop_at_eot=False, idle_steps=False, seed=0,
-               apply_commits, observer=None):
+               apply_commits, window_stats=None, observer=None):
     """The loop behind `fused_generate` and `reference_generate` (see there); ``observer``, when given, is
-    called with a `StepRecord` at every step (trace recording)."""
+    called with a `StepRecord` at every step (trace recording). ``window_stats`` (fused only) scores greedy
+    steps without CFG from the LM head's input; other steps, and the reference, go through the logits."""
     _check_options(model, temperature, cfg_scale)
     schedule = Schedule(gen_length, block, window, idle_steps)
     policy = make_policy(policy, **(policy_args or {}))
@@ -134,9 +150,13 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
         if policy.needs_taps:
             # the controller sees the sequence cropped at the region's right end
             tap_pos = torch.arange(int(hi.max()), device=device).expand(len(rows), -1)
-        logits, taps = _denoise_step(model, canvas, rows, gather_pos, cfg_scale, tap_pos)
-        signals = compute_signals(logits, eos_id=spec.eos_id, temperature=temperature, generator=generator,
-                                  tempered=spec.family == "dream")
+        if window_stats is not None and temperature == 0 and cfg_scale == 0:
+            signals, taps = _fused_signals(model, canvas, rows, gather_pos, tap_pos, window_stats)
+        else:
+            logits, taps = _denoise_step(model, canvas, rows, gather_pos, cfg_scale, tap_pos)
+            signals = compute_signals(logits, eos_id=spec.eos_id, temperature=temperature, generator=generator,
+                                      tempered=spec.family == "dream")
+            del logits
         step_input = StepInput(signals=signals, active=active, region_step=counters.region_step[rows],
                                region_initial=counters.region_initial[rows],
                                region_active=schedule.region_active(row_state, counters.block_idx[rows]),

@@ -21,6 +21,7 @@ from tracelock.models.spec import ModelSpec
 class BackboneOutput:
     logits: torch.Tensor | None  # [B, R, V] raw (unshifted) logits at logit_positions
     taps: tuple | None  # 3 x [B, T, D]: h_{n-2}, h_{n-1}, norm_f(h_n) at tap_positions
+    hidden: torch.Tensor | None = None  # [B, R, D] norm_f(h_n) at logit_positions (the LM head's input)
 
 
 class RMSNorm(nn.Module):
@@ -140,19 +141,21 @@ class DiffusionBackbone(nn.Module):
             return torch.arange(L, device=self.device).expand(B, L)
         return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
 
-    def predict(self, input_ids, positions, attention_mask=None, *, return_taps=False, tap_positions=None):
-        """Logits that predict the tokens at canvas ``positions`` [B, R], and optionally taps.
+    def predict(self, input_ids, positions, attention_mask=None, *, return_taps=False, tap_positions=None,
+                return_hidden=False):
+        """Logits that predict the tokens at canvas ``positions`` [B, R] (or, with ``return_hidden``, the LM
+        head's input there instead), and optionally taps.
 
         This is what decoding calls: the family's shift (`ModelSpec.output_rows`) is applied here, once,
         to the logits and to the tap positions (features get the same shift as the logits).
         """
         out = self.forward(input_ids, attention_mask, logit_positions=self.spec.output_rows(positions),
-                           return_taps=return_taps,
+                           return_logits=not return_hidden, return_hidden=return_hidden, return_taps=return_taps,
                            tap_positions=None if tap_positions is None else self.spec.output_rows(tap_positions))
         return out
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, *, logit_positions=None,
-                return_logits=True, return_taps=False, tap_positions=None) -> BackboneOutput:
+                return_logits=True, return_hidden=False, return_taps=False, tap_positions=None) -> BackboneOutput:
         """Run the backbone.
 
         Args:
@@ -161,11 +164,14 @@ class DiffusionBackbone(nn.Module):
                 Default: None (every key visible).
             position_ids (torch.Tensor): [B, L] int64. Default: counted from the first real token of each row.
             logit_positions (torch.Tensor): [B, R] int64 output rows to apply the LM head to. Default: all rows.
+            return_hidden (bool): also return norm_f(h_n) at ``logit_positions``, the LM head's input (what
+                `tracelock.ops.window_logits_stats` scores without writing the logits).
             return_taps (bool): also return h_{n-2}, h_{n-1} and norm_f(h_n) at ``tap_positions``
                 (default: all rows): the last three entries of HF ``output_hidden_states``.
 
         Returns:
-            BackboneOutput: raw (unshifted) logits [B, R, V] and taps (3 x [B, T, D]) or None.
+            BackboneOutput: raw (unshifted) logits [B, R, V], the LM head's input [B, R, D] and the taps
+            (3 x [B, T, D]), each None unless asked for.
         """
         B, L = input_ids.shape
         if L > self.spec.max_positions:
@@ -185,9 +191,11 @@ class DiffusionBackbone(nn.Module):
             x = block(x, cos, sin, attn_mask)
             if return_taps and i in (n - 3, n - 2):
                 taps.append(_gather_rows(x, tap_positions))
-        logits = None
-        if return_logits:
-            logits = self.lm_head(self.norm(_gather_rows(x, logit_positions)))
+        logits = hidden = None
+        if return_logits or return_hidden:
+            normed = self.norm(_gather_rows(x, logit_positions))
+            logits = self.lm_head(normed) if return_logits else None
+            hidden = normed if return_hidden else None
         if return_taps:
             taps.append(self.norm(_gather_rows(x, tap_positions)))
-        return BackboneOutput(logits=logits, taps=tuple(taps) if return_taps else None)
+        return BackboneOutput(logits=logits, taps=tuple(taps) if return_taps else None, hidden=hidden)

@@ -178,7 +178,7 @@ def _sample_chain(rng: random.Random, n_ops: int) -> tuple | None:
 
 def sample_problem(rng: random.Random) -> CodeProblem:
     """A random problem of the task's distribution (any split), with its surface chosen."""
-    kind = rng.choices(("1", "2", "3", "if"), weights=(1, 3, 4, 2))[0]
+    kind = rng.choices(("1", "2", "3", "if"), weights=(3, 4, 2, 1))[0]
     while True:
         if kind == "if":
             ops = (_sample_chain(rng, rng.choice((1, 1, 2))), _sample_chain(rng, 1))

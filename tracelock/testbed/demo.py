@@ -5,9 +5,19 @@ import sys
 import time
 from pathlib import Path
 
-from tracelock.atomic import atomic_write_json
+from safetensors.torch import load_file, save_file
+
+from tracelock.atomic import atomic_write, atomic_write_json
 from tracelock.models import load_model, load_tokenizer
-from tracelock.testbed.evaluate import demo_policies, evaluate_policies, format_table
+from tracelock.testbed.evaluate import (
+    PolicyResult,
+    baseline_policies,
+    demo_policies,
+    evaluate_oracle,
+    evaluate_policies,
+    evaluate_policy,
+    format_table,
+)
 from tracelock.testbed.tasks import held_out
 
 
@@ -23,7 +33,7 @@ def run_demo(args) -> int:
                                  policies=demo_policies(args.gen_length),
                                  batch_size=args.batch_size,
                                  progress=lambda label, task=task: print(f"  {task}: {label}", file=sys.stderr))
-        print(format_table(task, setting, rows) + "\n")
+        print(format_table(task, setting, [r.summary() for r in rows]) + "\n")
         best = rows[0]
         print(f"sample ({best.label}):\n{items[0].prompt}\n---\n{best.completions[0]}\n")
     print(f"total {time.perf_counter() - t0:.0f} s on this machine")
@@ -31,23 +41,40 @@ def run_demo(args) -> int:
 
 
 def run_eval(args) -> int:
-    """`tracelock testbed-eval`: the quality-vs-steps tables for several settings, saved as JSON and printed."""
+    """`tracelock testbed-eval`: the quality-vs-steps tables for several settings, saved as JSON and printed.
+
+    Resumable per policy row: each finished row is written to ``--out`` at once (atomically), and the reference
+    run's canvases, which the oracle row replays, to ``<out>.canvas.safetensors``; a rerun skips what is there.
+    """
     model, tokenizer = load_model(args.model), load_tokenizer(args.model)
     out = Path(args.out)
+    canvas_file = out.with_name(out.name + ".canvas.safetensors")
     results = json.loads(out.read_text()) if out.exists() else {}
+    canvases = load_file(str(canvas_file)) if canvas_file.exists() else {}
     for task in [t.strip() for t in args.tasks.split(",") if t.strip()]:
         items = held_out(task, "test", args.n, seed=args.seed)
         for setting in args.settings.split(","):
             gen_length, width = (int(v) for v in setting.split("/"))
             key = f"{task} gen{gen_length} {args.schedule}{width}"
-            if key in results:  # resumable: settings already measured are kept
-                continue
-            kwargs = {args.schedule: width}
-            rows = evaluate_policies(model, tokenizer, items, gen_length=gen_length, batch_size=args.batch_size,
-                                     progress=lambda label, key=key: print(f"  {key}: {label}", file=sys.stderr),
-                                     **kwargs)
+            settings = dict(gen_length=gen_length, batch_size=args.batch_size, **{args.schedule: width})
+            rows = results.setdefault(key, [])
+            done = {r["policy"] for r in rows if r["n"] == len(items)}
+            policies = baseline_policies(gen_length)
+            for label, name, policy_args in policies:
+                if label in done:
+                    continue
+                print(f"  {key}: {label}", file=sys.stderr, flush=True)
+                r = evaluate_policy(model, tokenizer, items, label, name, policy_args, **settings)
+                rows.append(r.summary())
+                if label == policies[0][0]:
+                    canvases[key] = r.canvas.contiguous()
+                    atomic_write(canvas_file, lambda p: save_file(canvases, p))
+                atomic_write_json(out, results)
+            reference_label = policies[0][0]
+            if f"oracle (of {reference_label})" not in done:
+                print(f"  {key}: oracle", file=sys.stderr, flush=True)
+                reference = PolicyResult(reference_label, 0.0, 0.0, 0.0, [], [], canvases[key])
+                rows.append(evaluate_oracle(model, tokenizer, items, reference, **settings).summary())
+                atomic_write_json(out, results)
             print(format_table(task, f"gen {gen_length}, {args.schedule} {width}", rows) + "\n", flush=True)
-            results[key] = [dict(policy=r.label, accuracy=r.accuracy, avg_steps=r.avg_steps,
-                                 seconds_per_item=r.seconds_per_item, n=len(items)) for r in rows]
-            atomic_write_json(out, results)
     return 0

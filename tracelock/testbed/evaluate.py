@@ -45,6 +45,11 @@ class PolicyResult:
     completions: list = field(repr=False)
     canvas: torch.Tensor = field(repr=False, default=None)
 
+    def summary(self) -> dict:
+        """The row as saved and tabulated: label, accuracy, average steps, seconds per item, items."""
+        return dict(policy=self.label, accuracy=self.accuracy, avg_steps=self.avg_steps,
+                    seconds_per_item=self.seconds_per_item, n=len(self.correct))
+
 
 def decode(model, tokenizer, items, *, policy, policy_args=None, gen_length, block=None, window=None,
            batch_size=64, seed=0):
@@ -81,35 +86,45 @@ def score_items(items, completions, workers: int = 2) -> list:
     return results
 
 
+def evaluate_policy(model, tokenizer, items, label, policy, policy_args=None, *, gen_length, block=None,
+                    window=None, batch_size=64) -> PolicyResult:
+    """Decode and score ``items`` with one policy (a name with ``policy_args``, or a per-batch factory)."""
+    completions, steps, seconds, canvas = decode(model, tokenizer, items, policy=policy, policy_args=policy_args,
+                                                 gen_length=gen_length, block=block, window=window,
+                                                 batch_size=batch_size)
+    correct = score_items(items, completions)
+    return PolicyResult(label, sum(correct) / len(items), sum(steps) / len(items), seconds / len(items), correct,
+                        completions, canvas)
+
+
+def evaluate_oracle(model, tokenizer, items, reference: PolicyResult, **settings) -> PolicyResult:
+    """The oracle of a reference run: commit exactly the proposals that already equal its final tokens."""
+    canvas = reference.canvas
+    return evaluate_policy(model, tokenizer, items, f"oracle (of {reference.label})",
+                           lambda start, sl: OraclePolicy(canvas[sl]), **settings)
+
+
 def evaluate_policies(model, tokenizer, items, *, gen_length, block=None, window=None, policies=None,
                       oracle=True, batch_size=64, progress=None) -> list:
     """One `PolicyResult` per policy, plus the oracle of the first row (confidence 1/step) when asked."""
+    settings = dict(gen_length=gen_length, block=block, window=window, batch_size=batch_size)
     rows = []
     for label, name, args in policies or baseline_policies(gen_length):
         if progress:
             progress(label)
-        completions, steps, seconds, canvas = decode(model, tokenizer, items, policy=name, policy_args=args,
-                                                     gen_length=gen_length, block=block, window=window,
-                                                     batch_size=batch_size)
-        correct = score_items(items, completions)
-        rows.append(PolicyResult(label, sum(correct) / len(items), sum(steps) / len(items),
-                                 seconds / len(items), correct, completions, canvas))
+        rows.append(evaluate_policy(model, tokenizer, items, label, name, args, **settings))
     if oracle:
         if progress:
             progress("oracle")
-        reference = rows[0].canvas
-        completions, steps, seconds, _ = decode(
-            model, tokenizer, items, policy=lambda start, sl: OraclePolicy(reference[sl]),
-            gen_length=gen_length, block=block, window=window, batch_size=batch_size)
-        correct = score_items(items, completions)
-        rows.append(PolicyResult(f"oracle (of {rows[0].label})", sum(correct) / len(items),
-                                 sum(steps) / len(items), seconds / len(items), correct, completions))
+        rows.append(evaluate_oracle(model, tokenizer, items, rows[0], **settings))
     return rows
 
 
 def format_table(task: str, setting: str, rows: list) -> str:
-    lines = [f"{task}, {setting}, {len(rows[0].correct)} held-out items", "",
+    """A markdown table of one setting's rows (`PolicyResult.summary` dicts)."""
+    lines = [f"{task}, {setting}, {rows[0]['n']} held-out items", "",
              "| policy | accuracy | avg steps | s / item |", "|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r.label} | {100 * r.accuracy:.1f}% | {r.avg_steps:.1f} | {r.seconds_per_item:.3f} |")
+        lines.append(f"| {r['policy']} | {100 * r['accuracy']:.1f}% | {r['avg_steps']:.1f} | "
+                     f"{r['seconds_per_item']:.3f} |")
     return "\n".join(lines)

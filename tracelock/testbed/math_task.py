@@ -1,7 +1,8 @@
 """GSM8K-style word problems with small numbers and diverse worked answers.
 
-A problem is one person's count that changes over 2-3 steps ("chain"), or two people's counts combined at the end
-("pair": together / how many more). Stated numbers are 1-9, every intermediate and final value is 0-99.
+A problem is one person's count that changes over 1-2 steps ("chain"), or two people's counts combined at the end
+("pair": together / how many more). Stated numbers are 1-9, every intermediate and final value is 0-30
+(`MAX_VALUE`): small enough that a tiny model learns the arithmetic, so what remains hard is the commitment order.
 The problem key holds the structure and numbers only (template + numbers/ops); names, objects, verbs and sentence
 phrasings are surface, chosen per problem and not part of the key. Every rendering states all numbers in order
 inside structure-specific sentences, so two keys never render to the same prompt.
@@ -50,6 +51,7 @@ A_DIFF = ("{A} has {eq} more {obj} than {B}.", "The difference is {eq}.", "So {A
 A_FILLER = ("Let's think step by step.", "We go step by step.", "Step by step.")
 A_SUMMARY = ("The answer is {ans}.", "So the answer is {ans}.")
 MAX_CHARS, MAX_TOKENS = 200, 45
+MAX_VALUE = 30
 _TOKEN = re.compile(r"\n|\d|[A-Za-z]+|[^\sA-Za-z\d]")
 
 
@@ -88,7 +90,7 @@ def _steps(acc: Account) -> tuple[list[tuple], int]:
 
 def _valid(acc: Account) -> bool:
     steps, _ = _steps(acc)
-    return all(0 <= s[3] <= 99 for s in steps)
+    return all(0 <= s[3] <= MAX_VALUE for s in steps)
 
 
 def _fmt(s: str, ctx: dict) -> str:
@@ -230,7 +232,7 @@ def sample_problem(rng: random.Random) -> MathProblem:
         style = (rng.randrange(2), rng.randrange(2), rng.random() < 0.5)
         surface = dict(obj=rng.randrange(len(OBJECTS)), container=rng.randrange(len(CONTAINERS)), style=style)
         if rng.random() < 0.6:
-            acc = _sample_account(rng, names[0], rng.choice((2, 3)), pair=False)
+            acc = _sample_account(rng, names[0], rng.choice((1, 2, 2)), pair=False)
             if not acc.events:
                 continue
             p = MathProblem("chain", (acc,), "", other=names[1], **surface)
@@ -240,5 +242,5 @@ def sample_problem(rng: random.Random) -> MathProblem:
             p = MathProblem("pair", accs, rng.choice(("sum", "diff")), other=names[1], **surface)
             if p.combine == "diff" and p.value <= 0:
                 continue
-        if all(_valid(a) for a in p.accounts) and 0 <= p.value <= 99:
+        if all(_valid(a) for a in p.accounts) and 0 <= p.value <= MAX_VALUE:
             return p
