@@ -8,7 +8,6 @@ import sys
 import pytest
 
 from tracelock.eval.gsm8k import check_equations, extract_answer
-from tracelock.testbed.math_task import MAX_VALUE
 from tracelock.testbed import (
     TASKS,
     Example,
@@ -21,6 +20,7 @@ from tracelock.testbed import (
     score,
     split_of,
 )
+from tracelock.testbed.math_task import MAX_VALUE
 
 TASK_NAMES = ("math", "code")
 

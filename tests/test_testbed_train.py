@@ -106,8 +106,11 @@ def test_eval_cli_resumes_per_policy_row(trained, tmp_path):
            "--settings", "16/8", "--out", str(out)]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
-    rows = json.loads(out.read_text())["math gen16 block8"]
-    assert [r["policy"] for r in rows][-1] == "oracle (of confidence 1/step)" and len(rows) == 8
+    results = json.loads(out.read_text())
+    assert list(results) == ["math gen16 block8"]
+    rows = results["math gen16 block8"]
+    assert len(rows) == 8 and rows[0]["policy"] == "confidence 1/step"
+    assert rows[-1]["policy"] == "oracle (of confidence 1/step)"
     # drop the last policy row and the oracle, as if the run had died there: only those two run again
     out.write_text(json.dumps({"math gen16 block8": rows[:-2]}))
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -117,6 +120,9 @@ def test_eval_cli_resumes_per_policy_row(trained, tmp_path):
     again = json.loads(out.read_text())["math gen16 block8"]
     assert [r["accuracy"] for r in again] == [r["accuracy"] for r in rows]
     assert [r["avg_steps"] for r in again] == [r["avg_steps"] for r in rows]
+    # a finished setting is not measured again
+    third = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0 and "math gen16 block8: " not in third.stderr
 
 
 def test_bundled_name_resolves(trained, monkeypatch, tmp_path):
@@ -125,17 +131,3 @@ def test_bundled_name_resolves(trained, monkeypatch, tmp_path):
         tracelock.load_model("testbed")
     monkeypatch.setattr(loading, "BUNDLED", {"testbed": Path(trained)})
     assert tracelock.load_model("testbed").spec.num_layers == 4
-
-
-def test_testbed_eval_cli_writes_and_resumes(trained, tmp_path):
-    out = tmp_path / "eval.json"
-    cmd = [sys.executable, "-m", "tracelock", "testbed-eval", "--model", str(trained), "--tasks", "math", "--n", "2",
-           "--settings", "16/8", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    results = json.loads(out.read_text())
-    assert list(results) == ["math gen16 block8"]
-    assert results["math gen16 block8"][0]["policy"] == "confidence 1/step"
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    # a finished setting is not measured again
-    assert again.returncode == 0 and "| policy |" not in again.stdout

@@ -210,12 +210,17 @@ def test_run_folder_and_fingerprint_mismatch(model, encoder, tmp_path):
 
 
 @pytest.mark.parametrize("schedule", [{"window": 8}, {"block": 8}, {}], ids=["window8", "block8", "full"])
-def test_full_decode_fused_equals_reference(model, encoder, schedule):
+def test_full_decode_fused_equals_reference(model, encoder, schedule, monkeypatch):
+    """The fused loop closes every TraceLock step with ops.commit_step (the Triton kernel here, interpreted)."""
     policy = TraceLockPolicy(_controller(model, encoder, confidence_input=True, state_embedding=True), encoder,
                              theta=0.6)
     prompts = [[5, 9, 13, 2, 7], [11, 4, 8]]
     ref_tokens, ref_stats = tracelock.reference_generate(model, prompts, policy=policy, gen_length=16, **schedule)
+    calls = []
+    real = tracelock.ops.commit_step
+    monkeypatch.setattr(tracelock.ops, "commit_step", lambda *a, **k: calls.append(1) or real(*a, **k))
     tokens, stats = tracelock.fused_generate(model, prompts, policy=policy, gen_length=16, **schedule)
+    assert len(calls) == max(ref_stats.steps)
     assert torch.equal(tokens, ref_tokens)
     assert stats.steps == ref_stats.steps and stats.commits_per_step == ref_stats.commits_per_step
     assert not (tokens == model.spec.mask_id).any()

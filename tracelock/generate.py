@@ -2,7 +2,8 @@
 
 Greedy steps without CFG score the window with `ops.window_logits_stats` (the LM head and its softmax
 statistics in one op, from the final-normed hidden states), so no [b, R, V] logits are written; sampling and
-CFG need the logits and take the reference path. The commits go through `ops.apply_commits`.
+CFG need the logits and take the reference path. A policy whose rule is `ops.commit_step`'s (TraceLock's
+margin rule) has its step closed by that op on the device; the other commits go through `ops.apply_commits`.
 """
 
 from functools import partial
@@ -13,7 +14,7 @@ from tracelock.decode.loop import run_decode
 # what each `impl` of fused_generate runs per op: the ops lack some implementations (the kernels have no C++
 # version, the commit bookkeeping no Triton one), so a family maps to its nearest member; None = the op's default
 _IMPL_PER_OP = {
-    # impl: (apply_commits, window_logits_stats)
+    # impl: (apply_commits, window_logits_stats and commit_step)
     "torch": ("torch", "torch"),
     "cpp": ("cpp", "torch"),
     "triton": ("torch", "triton"),
@@ -22,7 +23,7 @@ _IMPL_PER_OP = {
 
 
 def _op_impls(impl: str | None) -> tuple:
-    """(apply_commits impl, window_logits_stats impl) for ``impl`` or ``TRACELOCK_IMPL``; (None, None) = defaults."""
+    """(apply_commits impl, the kernels' impl) for ``impl`` or ``TRACELOCK_IMPL``; (None, None) = the defaults."""
     requested = ops.requested_impl(impl)
     return (None, None) if requested is None else _IMPL_PER_OP[requested]
 
@@ -61,9 +62,10 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
         tokens, stats = tracelock.fused_generate(model, ids, policy="threshold", gen_length=64, block=16)
         print(stats.steps)
     """
-    commits_impl, stats_impl = _op_impls(impl)
+    commits_impl, kernels_impl = _op_impls(impl)
     return run_decode(model, input_ids, policy=policy, gen_length=gen_length, block=block, window=window,
                       policy_args=policy_args, attention_mask=attention_mask, temperature=temperature,
                       cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed, observer=observer,
                       apply_commits=partial(ops.apply_commits, impl=commits_impl),
-                      window_stats=partial(ops.window_logits_stats, impl=stats_impl))
+                      window_stats=partial(ops.window_logits_stats, impl=kernels_impl),
+                      commit_step=partial(ops.commit_step, impl=kernels_impl))

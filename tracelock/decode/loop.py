@@ -110,10 +110,11 @@ def _gen_lengths(canvas: Canvas, end_ids) -> list:
 @torch.no_grad()
 def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
                attention_mask=None, temperature=0.0, cfg_scale=0.0, stop_at_eot=False, idle_steps=False, seed=0,
-               apply_commits, window_stats=None, observer=None):
+               apply_commits, window_stats=None, commit_step=None, observer=None):
     """The loop behind `fused_generate` and `reference_generate` (see there); ``observer``, when given, is
     called with a `StepRecord` at every step (trace recording). ``window_stats`` (fused only) scores greedy
-    steps without CFG from the LM head's input; other steps, and the reference, go through the logits."""
+    steps without CFG from the LM head's input; other steps, and the reference, go through the logits.
+    ``commit_step`` (fused only) closes the steps of policies whose ``commit_rule`` is that op's rule."""
     _check_options(model, temperature, cfg_scale)
     schedule = Schedule(gen_length, block, window, idle_steps)
     policy = make_policy(policy, **(policy_args or {}))
@@ -162,19 +163,29 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
                                region_active=schedule.region_active(row_state, counters.block_idx[rows]),
                                steps_per_region=S, positions=gather_pos, state=row_state, rows=rows, taps=taps,
                                attention_mask=None if canvas.attention_mask is None else canvas.attention_mask[rows])
-        chosen = policy.select(step_input, generator) & active
-
         scatter_pos = torch.where(valid, pos, L)
         x_rows = canvas.x[rows]
-        if observer is not None:
-            observer(StepRecord(rows=rows, step=counters.steps[rows], x=x_rows.clone(), state=row_state.clone(),
-                                positions=gather_pos, active=active, signals=signals, chosen=chosen))
-        proposal = _scatter(signals.proposal, x_rows, scatter_pos)
-        commit = _scatter(chosen, torch.zeros_like(x_rows, dtype=torch.bool), scatter_pos)
-        first_active[rows] = apply_commits(x_rows, row_state, proposal, commit, end_ids, spec.pad_id, stop_at_eot)
+        # the commit_step op closes the step when the policy's rule is its rule (an observer needs the chosen
+        # slots, and stop_at_eot the tail fill of apply_commits: both take the select path)
+        rule = None if commit_step is None or observer is not None or stop_at_eot else policy.commit_rule(step_input)
+        if rule is not None:
+            score, tau, theta, cap = rule
+            was_active = (row_state == states.ACTIVE).sum(1)
+            first_active[rows], _ = commit_step(score, tau, active, signals.proposal, scatter_pos, x_rows, row_state,
+                                                end_ids, theta, cap)
+            committed = was_active - (row_state == states.ACTIVE).sum(1)
+        else:
+            chosen = policy.select(step_input, generator) & active
+            if observer is not None:
+                observer(StepRecord(rows=rows, step=counters.steps[rows], x=x_rows.clone(), state=row_state.clone(),
+                                    positions=gather_pos, active=active, signals=signals, chosen=chosen))
+            proposal = _scatter(signals.proposal, x_rows, scatter_pos)
+            commit = _scatter(chosen, torch.zeros_like(x_rows, dtype=torch.bool), scatter_pos)
+            first_active[rows] = apply_commits(x_rows, row_state, proposal, commit, end_ids, spec.pad_id, stop_at_eot)
+            committed = chosen.sum(1)
         canvas.x[rows], canvas.state[rows] = x_rows, row_state
         schedule.advance(canvas.state, counters, live)
-        commits.append((rows, chosen.sum(1)))
+        commits.append((rows, committed))
         forwards += 1
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -104,6 +104,12 @@ class Policy:
         """
         raise NotImplementedError
 
+    def commit_rule(self, inp: StepInput):
+        """``(score [B, R], tau [B], theta, cap)`` when this step's commits are exactly `tracelock.ops.commit_step`'s
+        rule on them (the fused loop then closes the step with that op, on the device); None (the default) when
+        the policy's own :meth:`select` decides."""
+        return None
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
         return f"{type(self).__name__}({args})"

@@ -137,8 +137,8 @@ class TraceLockPolicy(Policy):
         return out.reshape(B, T, -1)
 
     @torch.no_grad()
-    def margins(self, inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
-        """(m [B, R] margins of the slots, tau [B] the threshold logit used) at one step."""
+    def slot_scores(self, inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a [B, R] controller scores of the slots, tau [B] the threshold logit used) at one step."""
         if inp.taps is None or inp.positions is None or inp.state is None:
             raise ValueError("the tracelock policy needs StepInput.taps, positions and state (needs_taps = True); "
                              "run it through fused_generate / reference_generate")
@@ -158,7 +158,20 @@ class TraceLockPolicy(Policy):
         a, tau = self._controller.forward_projected(self._inputs(inp.taps), inp.state[:, :T], key_mask, conf)
         if self.static_tau is not None:
             tau = torch.full_like(tau, self.static_tau)
-        return a.gather(1, positions) - tau[:, None], tau
+        return a.gather(1, positions), tau
+
+    def margins(self, inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
+        """(m [B, R] margins of the slots, tau [B] the threshold logit used) at one step."""
+        a, tau = self.slot_scores(inp)
+        return a - tau[:, None], tau
+
+    def commit_rule(self, inp: StepInput):
+        """The step as `ops.commit_step` inputs (the fused loop closes the step with it); None for the reference
+        release's inclusive fp32 rule, which only `select` implements."""
+        if self.inclusive:
+            return None
+        a, tau = self.slot_scores(inp)
+        return a, tau, self.theta, self.cap or 0
 
     def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
         m, _ = self.margins(inp)
