@@ -32,10 +32,15 @@ def model(request, tmp_path_factory):
     m = tracelock.load_model(write_tiny_checkpoint(tmp_path_factory.mktemp(request.param), family=request.param,
                                                    seed=3))
 
-    def favour_eos(module, inputs, logits):
-        logits[..., m.spec.eos_id] += EOS_BIAS
+    # raise the eos logit by EOS_BIAS through the LM head's input (the final norm's output): fused_generate
+    # scores greedy steps from that input with window_logits_stats and never calls the lm_head module
+    w = m.lm_head.weight[m.spec.eos_id].detach()
+    shift = EOS_BIAS * w / w.dot(w)
 
-    m.lm_head.register_forward_hook(favour_eos)
+    def favour_eos(module, inputs, normed):
+        return normed + shift
+
+    m.norm.register_forward_hook(favour_eos)
     return m
 
 
