@@ -8,6 +8,7 @@ from tracelock import states
 from tracelock.models import write_tiny_checkpoint
 from tracelock.policies import POLICIES, Policy
 from tracelock.policies.base import topk_mask
+from tracelock.testing import random_prompts
 
 G = 16
 DETERMINISTIC = [("confidence", {}), ("topk", {"k": 2}), ("maskgit_plus", {}), ("topk_margin", {}),
@@ -28,15 +29,6 @@ def peaked(tmp_path_factory):
     return m
 
 
-def _prompts(model, lengths=(9, 5, 12)):
-    g = torch.Generator().manual_seed(7)
-    out = []
-    for n in lengths:
-        ids = torch.randint(0, 400, (n,), generator=g)
-        out.append(ids.masked_fill(ids == model.spec.mask_id, 1).tolist())
-    return out
-
-
 def test_policy_names_are_complete():
     assert sorted(POLICIES) == sorted(["random", "confidence", "origin", "maskgit_plus", "topk_margin", "entropy",
                                        "threshold", "factor", "topk", "tracelock"])
@@ -44,7 +36,7 @@ def test_policy_names_are_complete():
 
 @pytest.mark.parametrize("schedule", [{"block": 4}, {"window": 4}, {}], ids=["block4", "window4", "full"])
 def test_confidence_one_per_step_takes_gen_length_steps(model, schedule):
-    tokens, stats = tracelock.reference_generate(model, _prompts(model)[:1], policy="confidence", gen_length=G,
+    tokens, stats = tracelock.reference_generate(model, random_prompts(model)[:1], policy="confidence", gen_length=G,
                                                  **schedule)
     assert stats.steps == [G]
     assert stats.commits_per_step == [[1] * G]
@@ -52,7 +44,7 @@ def test_confidence_one_per_step_takes_gen_length_steps(model, schedule):
 
 
 def test_threshold_takes_fewer_steps_and_blocks_end_when_done(peaked):
-    prompts = _prompts(peaked)[:1]
+    prompts = random_prompts(peaked)[:1]
     _, conf = tracelock.reference_generate(peaked, prompts, policy="confidence", gen_length=G, block=4)
     _, thr = tracelock.reference_generate(peaked, prompts, policy="threshold", gen_length=G, block=4)
     assert thr.steps[0] < conf.steps[0] == G
@@ -63,7 +55,7 @@ def test_threshold_takes_fewer_steps_and_blocks_end_when_done(peaked):
 
 def test_idle_steps_reproduce_the_release_floor(peaked):
     """The release's block = step // steps_per_block: floor (num_blocks - 1) * steps_per_block + 1."""
-    prompts = _prompts(peaked)[:1]
+    prompts = random_prompts(peaked)[:1]
     _, fast = tracelock.reference_generate(peaked, prompts, policy="threshold", gen_length=G, block=8)
     _, idle = tracelock.reference_generate(peaked, prompts, policy="threshold", gen_length=G, block=8,
                                            idle_steps=True)
@@ -75,7 +67,7 @@ def test_idle_steps_reproduce_the_release_floor(peaked):
 
 
 def test_window_commits_only_inside_the_window(peaked):
-    prompts = _prompts(peaked)[:1]
+    prompts = random_prompts(peaked)[:1]
     _, stats = tracelock.reference_generate(peaked, prompts, policy="threshold", policy_args={"tau": 1e-9},
                                             gen_length=G, window=3)
     # tau ~ 0 commits every active slot of the window: 3 per step
@@ -85,7 +77,7 @@ def test_window_commits_only_inside_the_window(peaked):
 
 @pytest.mark.parametrize("name,args", DETERMINISTIC, ids=[n for n, _ in DETERMINISTIC])
 def test_batch_equals_single(model, name, args):
-    prompts = _prompts(model)
+    prompts = random_prompts(model)
     batch, bstats = tracelock.reference_generate(model, prompts, policy=name, policy_args=args, gen_length=G, block=8)
     for row, prompt in enumerate(prompts):
         alone, stats = tracelock.reference_generate(model, [prompt], policy=name, policy_args=args, gen_length=G,
@@ -103,7 +95,7 @@ FUSED_CASES = ([(name, args, "torch") for name, args in DETERMINISTIC + [("rando
 
 @pytest.mark.parametrize("name,args,impl", FUSED_CASES, ids=[f"{n}-{i or 'default'}" for n, _, i in FUSED_CASES])
 def test_fused_equals_reference(model, name, args, impl):
-    prompts = _prompts(model)
+    prompts = random_prompts(model)
     ref, ref_stats = tracelock.reference_generate(model, prompts, policy=name, policy_args=args, gen_length=G,
                                                   window=6, stop_at_eot=True)
     got, got_stats = tracelock.fused_generate(model, prompts, policy=name, policy_args=args, gen_length=G, window=6,
@@ -126,7 +118,7 @@ def _count_lm_head_calls(model, run) -> int:
 def test_fused_greedy_never_writes_logits(model):
     """Greedy decoding scores the window from the LM head's input (window_logits_stats): the head module never
     runs; sampling needs the logits and does run it."""
-    prompts = _prompts(model)
+    prompts = random_prompts(model)
     kwargs = dict(policy="confidence", gen_length=G, block=8, impl="torch")
     assert _count_lm_head_calls(model, lambda: tracelock.fused_generate(model, prompts, **kwargs)) == 0
     assert _count_lm_head_calls(model, lambda: tracelock.reference_generate(model, prompts, **kwargs)) == G
@@ -135,7 +127,7 @@ def test_fused_greedy_never_writes_logits(model):
 
 
 def test_fused_impl_names_map_to_each_op(model, monkeypatch):
-    prompts = _prompts(model)[:1]
+    prompts = random_prompts(model)[:1]
     ref, _ = tracelock.reference_generate(model, prompts, policy="confidence", gen_length=G, block=8)
     monkeypatch.setenv("TRACELOCK_IMPL", "torch")
     assert torch.equal(tracelock.fused_generate(model, prompts, policy="confidence", gen_length=G, block=8)[0], ref)
@@ -145,7 +137,7 @@ def test_fused_impl_names_map_to_each_op(model, monkeypatch):
 
 
 def test_seeded_sampling_is_reproducible(model):
-    prompts = _prompts(model)
+    prompts = random_prompts(model)
     runs = [tracelock.fused_generate(model, prompts, policy="random", gen_length=G, temperature=0.8, seed=s)[0]
             for s in (5, 5, 6)]
     assert torch.equal(runs[0], runs[1])
@@ -162,9 +154,9 @@ def test_stop_at_eot_fills_the_tail(peaked):
     hook = peaked.lm_head.register_forward_hook(favour_eos)
     try:
         # window 1: the first commit lands on the first generated position
-        tokens, stats = tracelock.reference_generate(peaked, _prompts(peaked)[:1], policy="confidence",
+        tokens, stats = tracelock.reference_generate(peaked, random_prompts(peaked)[:1], policy="confidence",
                                                      gen_length=G, window=1, stop_at_eot=True)
-        _, no_stop = tracelock.reference_generate(peaked, _prompts(peaked)[:1], policy="confidence",
+        _, no_stop = tracelock.reference_generate(peaked, random_prompts(peaked)[:1], policy="confidence",
                                                   gen_length=G, window=1)
     finally:
         hook.remove()
@@ -174,7 +166,7 @@ def test_stop_at_eot_fills_the_tail(peaked):
 
 
 def test_cfg_runs_and_changes_logits(model):
-    prompts = _prompts(model)[:1]
+    prompts = random_prompts(model)[:1]
     plain, _ = tracelock.reference_generate(model, prompts, policy="confidence", gen_length=G)
     guided, stats = tracelock.reference_generate(model, prompts, policy="confidence", gen_length=G, cfg_scale=2.0)
     assert stats.steps == [G]
@@ -182,7 +174,7 @@ def test_cfg_runs_and_changes_logits(model):
 
 
 def test_states_after_decoding(model):
-    tokens, _ = tracelock.reference_generate(model, _prompts(model)[:1], policy="threshold", gen_length=G)
+    tokens, _ = tracelock.reference_generate(model, random_prompts(model)[:1], policy="threshold", gen_length=G)
     assert not (tokens == model.spec.mask_id).any()
     assert states.NAMES[states.EOT] == "eot"
 
@@ -201,7 +193,7 @@ def test_states_after_decoding(model):
 def test_bad_input_names_the_fix(model, kwargs, match):
     kwargs.setdefault("policy", "confidence")
     with pytest.raises(ValueError, match=match):
-        tracelock.reference_generate(model, _prompts(model)[:1], **kwargs)
+        tracelock.reference_generate(model, random_prompts(model)[:1], **kwargs)
 
 
 def test_bad_prompts_name_the_fix(model):
@@ -236,7 +228,7 @@ class TapNormPolicy(Policy):
 
 def test_policies_that_need_taps_plug_in(model):
     """Taps arrive for canvas positions [0, region end), with the family's shift, from the same forward."""
-    prompt = _prompts(model)[:1]
+    prompt = random_prompts(model)[:1]
     policy = TapNormPolicy()
     _, stats = tracelock.reference_generate(model, prompt, policy=policy, gen_length=G, window=5)
     assert stats.steps == [G]

@@ -123,6 +123,9 @@ def test_eval_cli_resumes_per_policy_row(trained, tmp_path):
     # a finished setting is not measured again
     third = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert third.returncode == 0 and "math gen16 block8: " not in third.stderr
+    # another item count never mixes into the same rows
+    other = subprocess.run(cmd[:-5] + ["3"] + cmd[-4:], capture_output=True, text=True, timeout=300)
+    assert other.returncode != 0 and "measured on 2 items; pass --n 2" in other.stderr
 
 
 def test_bundled_name_resolves(trained, monkeypatch, tmp_path):

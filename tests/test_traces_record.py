@@ -4,11 +4,11 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 import tracelock
 from tracelock import states
 from tracelock.models import write_tiny_checkpoint
+from tracelock.testing import random_prompts
 from tracelock.traces.recorder import TraceRecorder, record
 from tracelock.traces.store import (
     CorruptShardError,
@@ -44,15 +44,6 @@ def model(request, tmp_path_factory):
     return m
 
 
-def _prompts(model, lengths=(9, 5, 12)):
-    g = torch.Generator().manual_seed(7)
-    out = []
-    for n in lengths:
-        ids = torch.randint(0, 400, (n,), generator=g)
-        out.append(ids.masked_fill(ids == model.spec.mask_id, 1).tolist())
-    return out
-
-
 def _decode_observed(model, prompts, **kwargs):
     """Decode with a recorder, keeping a copy of every StepRecord the loop hands out."""
     seen = []
@@ -73,7 +64,7 @@ def _decode_observed(model, prompts, **kwargs):
 @pytest.mark.parametrize("schedule", [dict(block=8), dict(window=5)], ids=["block8", "window5"])
 @pytest.mark.parametrize("stop_at_eot", [False, True], ids=["no-stop", "stop"])
 def test_recorder_rebuilds_every_step(model, schedule, stop_at_eot):
-    prompts = _prompts(model)
+    prompts = random_prompts(model)
     traces, seen, canvas, stats = _decode_observed(model, prompts, stop_at_eot=stop_at_eot, fraction=0.5,
                                                    keep_confidence=True, **schedule)
     P = canvas.shape[1] - G
@@ -109,7 +100,7 @@ def test_recorder_rebuilds_every_step(model, schedule, stop_at_eot):
 
 
 def test_fraction_samples_steps_and_keeps_first_and_last(model):
-    prompts = _prompts(model)
+    prompts = random_prompts(model)
     full = record(model, prompts, gen_length=G, block=8, batch_size=3)
     sampled = record(model, prompts, gen_length=G, block=8, batch_size=3, fraction=0.3, seed=5)
     for f, s in zip(full, sampled):
@@ -122,7 +113,7 @@ def test_fraction_samples_steps_and_keeps_first_and_last(model):
 
 
 def test_record_is_batch_invariant(model):
-    prompts = _prompts(model)
+    prompts = random_prompts(model)
     one = record(model, prompts, gen_length=G, window=4, batch_size=1, fraction=0.5)
     three = record(model, prompts, gen_length=G, window=4, batch_size=3, fraction=0.5)
     for a, b in zip(one, three):
@@ -133,16 +124,16 @@ def test_record_is_batch_invariant(model):
 
 def test_recorder_bad_use_names_the_fix(model):
     with pytest.raises(ValueError, match="fraction=0"):
-        TraceRecorder(model.spec, _prompts(model), G, fraction=0)
-    rec = TraceRecorder(model.spec, _prompts(model), G)
-    tracelock.fused_generate(model, _prompts(model), policy="confidence", gen_length=G, block=8, observer=rec)
+        TraceRecorder(model.spec, random_prompts(model), G, fraction=0)
+    rec = TraceRecorder(model.spec, random_prompts(model), G)
+    tracelock.fused_generate(model, random_prompts(model), policy="confidence", gen_length=G, block=8, observer=rec)
     with pytest.raises(RuntimeError, match="one fresh decoding run"):
-        tracelock.fused_generate(model, _prompts(model), policy="confidence", gen_length=G, block=8, observer=rec)
+        tracelock.fused_generate(model, random_prompts(model), policy="confidence", gen_length=G, block=8, observer=rec)
 
 
 def _traces(model):
     metas = [{"id": f"t:{i}", "task": "unit", "nested": {"k": [1, 2]}, "i": i} for i in range(5)]
-    traces = record(model, _prompts(model, (9, 5, 12, 3, 7)), gen_length=G, block=8, fraction=0.5,
+    traces = record(model, random_prompts(model, (9, 5, 12, 3, 7)), gen_length=G, block=8, fraction=0.5,
                     keep_confidence=True, batch_size=5, metas=metas)
     traces[1].confidence = None  # mixed shards: some traces without confidences
     return traces

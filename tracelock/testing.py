@@ -1,4 +1,5 @@
-"""Test helpers shared by tests/ and bench/: the independent HF oracle and the tolerance rules (STYLE.md §6)."""
+"""Test helpers shared by tests/ and bench/: the independent HF oracle, the tolerance rules (STYLE.md §6), and
+random prompts for tiny checkpoints."""
 
 from pathlib import Path
 
@@ -82,3 +83,13 @@ def assert_lowp_close(name: str, ref32: torch.Tensor, got: torch.Tensor, same_lo
     err, base = max_err(got, ref32), max_err(same_lowp, ref32)
     if not err <= 2 * base + atol:
         raise AssertionError(f"{name}: low-precision error {err:.4g} exceeds 2 x reference error {base:.4g} + {atol}")
+
+
+def random_prompts(model, lengths=(9, 5, 12), seed: int = 7) -> list:
+    """Token-id prompts of the given lengths for a tiny checkpoint: random ids below 400, never the mask id."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in lengths:
+        ids = torch.randint(0, 400, (n,), generator=g)
+        out.append(ids.masked_fill(ids == model.spec.mask_id, 1).tolist())
+    return out

@@ -157,7 +157,6 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
             logits, taps = _denoise_step(model, canvas, rows, gather_pos, cfg_scale, tap_pos)
             signals = compute_signals(logits, eos_id=spec.eos_id, temperature=temperature, generator=generator,
                                       tempered=spec.family == "dream")
-            del logits
         step_input = StepInput(signals=signals, active=active, region_step=counters.region_step[rows],
                                region_initial=counters.region_initial[rows],
                                region_active=schedule.region_active(row_state, counters.block_idx[rows]),

@@ -10,7 +10,6 @@ from safetensors.torch import load_file, save_file
 from tracelock.atomic import atomic_write, atomic_write_json
 from tracelock.models import load_model, load_tokenizer
 from tracelock.testbed.evaluate import (
-    PolicyResult,
     baseline_policies,
     demo_policies,
     evaluate_oracle,
@@ -58,7 +57,10 @@ def run_eval(args) -> int:
             key = f"{task} gen{gen_length} {args.schedule}{width}"
             settings = dict(gen_length=gen_length, batch_size=args.batch_size, **{args.schedule: width})
             rows = results.setdefault(key, [])
-            done = {r["policy"] for r in rows if r["n"] == len(items)}
+            if any(r["n"] != len(items) for r in rows):
+                raise ValueError(f"{out} holds {key!r} measured on {rows[0]['n']} items; pass --n {rows[0]['n']} "
+                                 f"to resume it, or another --out for {len(items)} items")
+            done = {r["policy"] for r in rows}
             policies = baseline_policies(gen_length)
             for label, name, policy_args in policies:
                 if label in done:
@@ -73,8 +75,8 @@ def run_eval(args) -> int:
             reference_label = policies[0][0]
             if f"oracle (of {reference_label})" not in done:
                 print(f"  {key}: oracle", file=sys.stderr, flush=True)
-                reference = PolicyResult(reference_label, 0.0, 0.0, 0.0, [], [], canvases[key])
-                rows.append(evaluate_oracle(model, tokenizer, items, reference, **settings).summary())
+                oracle = evaluate_oracle(model, tokenizer, items, reference_label, canvases[key], **settings)
+                rows.append(oracle.summary())
                 atomic_write_json(out, results)
             print(format_table(task, f"gen {gen_length}, {args.schedule} {width}", rows) + "\n", flush=True)
     return 0

@@ -97,11 +97,10 @@ def evaluate_policy(model, tokenizer, items, label, policy, policy_args=None, *,
                         completions, canvas)
 
 
-def evaluate_oracle(model, tokenizer, items, reference: PolicyResult, **settings) -> PolicyResult:
+def evaluate_oracle(model, tokenizer, items, reference_label: str, reference_canvas, **settings) -> PolicyResult:
     """The oracle of a reference run: commit exactly the proposals that already equal its final tokens."""
-    canvas = reference.canvas
-    return evaluate_policy(model, tokenizer, items, f"oracle (of {reference.label})",
-                           lambda start, sl: OraclePolicy(canvas[sl]), **settings)
+    return evaluate_policy(model, tokenizer, items, f"oracle (of {reference_label})",
+                           lambda start, sl: OraclePolicy(reference_canvas[sl]), **settings)
 
 
 def evaluate_policies(model, tokenizer, items, *, gen_length, block=None, window=None, policies=None,
@@ -116,7 +115,7 @@ def evaluate_policies(model, tokenizer, items, *, gen_length, block=None, window
     if oracle:
         if progress:
             progress("oracle")
-        rows.append(evaluate_oracle(model, tokenizer, items, rows[0], **settings))
+        rows.append(evaluate_oracle(model, tokenizer, items, rows[0].label, rows[0].canvas, **settings))
     return rows
 
 
