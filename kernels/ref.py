@@ -56,6 +56,54 @@ def apply_commits_ref(
     return torch.where(active, pos, L).amin(1)
 
 
+
+def skip_finished_blocks_ref(
+    state: torch.Tensor,
+    block_idx: torch.Tensor,
+    region_step: torch.Tensor,
+    region_initial: torch.Tensor,
+    steps: torch.Tensor,
+    rows: torch.Tensor,
+    prompt_len: int,
+    block: int,
+    num_regions: int,
+    steps_per_block: int,
+    idle_steps: bool,
+) -> None:
+    """Move each of ``rows`` past its finished semi-AR blocks, in place; the block schedule's advance.
+
+    Block ``k`` of a row is ``[prompt_len + k·block, prompt_len + (k+1)·block)``. While a selected row's
+    block has no ACTIVE position and is not the last one (and, with ``idle_steps``, the row has spent
+    ``steps >= (k+1)·steps_per_block`` forwards: the reference release's ``step // steps_per_block``), the row
+    moves to the next block: ``block_idx += 1``, ``region_step = 0``, ``region_initial`` = the new block's
+    ACTIVE count. Several blocks may be skipped at once (stop-at-EOT fills whole blocks).
+
+    Args:
+        state (torch.Tensor): [B, L] uint8 position states (``tracelock.states``).
+        block_idx, region_step, region_initial (torch.Tensor): [B] int64 row counters. Modified in place.
+        steps (torch.Tensor): [B] int64 forwards spent on each row so far.
+        rows (torch.Tensor): [B] bool rows to advance; the others are left as they are.
+        prompt_len, block, num_regions, steps_per_block (int): the schedule (num_regions·block positions).
+        idle_steps (bool): also wait for the step budget before leaving a block.
+    """
+    pos = torch.arange(state.shape[1], device=state.device)
+
+    def active_in_block():
+        lo = prompt_len + block_idx * block
+        inside = (pos >= lo[:, None]) & (pos < lo[:, None] + block)
+        return ((state == ACTIVE) & inside).sum(dim=1)
+
+    for _ in range(num_regions):
+        empty = rows & (active_in_block() == 0) & (block_idx < num_regions - 1)
+        if idle_steps:
+            empty &= steps >= (block_idx + 1) * steps_per_block
+        if not bool(empty.any()):
+            return
+        block_idx += empty.long()
+        region_step.masked_fill_(empty, 0)
+        region_initial.copy_(torch.where(empty, active_in_block(), region_initial))
+
+
 def tap_project_ref(h1: torch.Tensor, h2: torch.Tensor, h3: torch.Tensor, A: torch.Tensor,
                     c: torch.Tensor) -> torch.Tensor:
     """Project the three hidden-state taps straight to controller inputs: ``h1 @ A[0] + h2 @ A[1] + h3 @ A[2] + c``.

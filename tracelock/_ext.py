@@ -9,6 +9,9 @@ import importlib
 # torch first: _C links against libc10/libtorch, which only import torch puts in the process
 import torch
 
+# the ops this version of the sources registers; a _C built from older sources lacks some and counts as missing
+OPS = ("apply_commits", "skip_finished_blocks")
+
 try:
     # import_module, not `from tracelock import _C`: while tracelock/__init__ is still running, the latter
     # reports a missing _C as "partially initialized module (most likely due to a circular import)"
@@ -18,10 +21,18 @@ except ImportError as err:
     _IMPORT_ERROR = f"{type(err).__name__}: {err}"
 else:
     _IMPORT_ERROR = None
+    if missing := [op for op in OPS if not hasattr(torch.ops.tracelock, op)]:
+        _C, _IMPORT_ERROR = None, f"tracelock._C is out of date (it has no {', '.join(missing)}): rebuild it"
 
+if _C is not None:
     @torch.library.register_fake("tracelock::apply_commits")
     def _apply_commits_fake(x, state, proposal, commit, end_ids, fill_id, stop_at_eot):
         return x.new_empty((x.shape[0],), dtype=torch.int64)
+
+    @torch.library.register_fake("tracelock::skip_finished_blocks")
+    def _skip_finished_blocks_fake(state, block_idx, region_step, region_initial, steps, rows, prompt_len, block,
+                                   num_regions, steps_per_block, idle_steps):
+        return None
 
 
 def has_cpp() -> bool:

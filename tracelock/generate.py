@@ -12,20 +12,21 @@ from tracelock import ops
 from tracelock.decode.loop import run_decode
 
 # what each `impl` of fused_generate runs per op: the ops lack some implementations (the kernels have no C++
-# version, the commit bookkeeping no Triton one), so a family maps to its nearest member; None = the op's default
+# version, the bookkeeping no Triton one, the block advance no CUDA one), so a family maps to its nearest
+# member; None = the op's default
 _IMPL_PER_OP = {
-    # impl: (apply_commits, window_logits_stats and commit_step)
-    "torch": ("torch", "torch"),
-    "cpp": ("cpp", "torch"),
-    "triton": ("torch", "triton"),
-    "cuda": ("cuda", "triton"),
+    # impl: (apply_commits, skip_finished_blocks, window_logits_stats and commit_step)
+    "torch": ("torch", "torch", "torch"),
+    "cpp": ("cpp", "cpp", "torch"),
+    "triton": ("torch", "torch", "triton"),
+    "cuda": ("cuda", "torch", "triton"),
 }
 
 
 def _op_impls(impl: str | None) -> tuple:
-    """(apply_commits impl, the kernels' impl) for ``impl`` or ``TRACELOCK_IMPL``; (None, None) = the defaults."""
+    """(apply_commits, skip_finished_blocks, kernels) impls for ``impl`` or ``TRACELOCK_IMPL``; None = defaults."""
     requested = ops.requested_impl(impl)
-    return (None, None) if requested is None else _IMPL_PER_OP[requested]
+    return (None, None, None) if requested is None else _IMPL_PER_OP[requested]
 
 
 def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
@@ -62,10 +63,11 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
         tokens, stats = tracelock.fused_generate(model, ids, policy="threshold", gen_length=64, block=16)
         print(stats.steps)
     """
-    commits_impl, kernels_impl = _op_impls(impl)
+    commits_impl, blocks_impl, kernels_impl = _op_impls(impl)
     return run_decode(model, input_ids, policy=policy, gen_length=gen_length, block=block, window=window,
                       policy_args=policy_args, attention_mask=attention_mask, temperature=temperature,
                       cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed, observer=observer,
                       apply_commits=partial(ops.apply_commits, impl=commits_impl),
+                      skip_blocks=partial(ops.skip_finished_blocks, impl=blocks_impl),
                       window_stats=partial(ops.window_logits_stats, impl=kernels_impl),
                       commit_step=partial(ops.commit_step, impl=kernels_impl))

@@ -137,6 +137,36 @@ def apply_commits(
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def skip_finished_blocks(state, block_idx, region_step, region_initial, steps, rows, prompt_len: int, block: int,
+                         num_regions: int, steps_per_block: int, idle_steps: bool, *, impl: str | None = None) -> None:
+    """Move the selected rows past their finished semi-AR blocks, in place (spec:
+    ``tracelock.kernels.ref.skip_finished_blocks_ref``): the block schedule's per-step advance.
+
+    Args:
+        state (torch.Tensor): [B, L] uint8 position states.
+        block_idx, region_step, region_initial (torch.Tensor): [B] int64 row counters. Modified in place.
+        steps (torch.Tensor): [B] int64 forwards spent on each row.
+        rows (torch.Tensor): [B] bool rows to advance.
+        prompt_len, block, num_regions, steps_per_block (int), idle_steps (bool): the schedule.
+        impl (str, optional): "torch" or "cpp" (CPU). Default: ``TRACELOCK_IMPL``, else the fastest available.
+    """
+    _check_tensor("state", state, torch.uint8)
+    if state.dim() != 2:
+        raise ValueError(f"state must be [B, L], got shape {list(state.shape)}")
+    device, rows_shape = state.device, (state.shape[0],)
+    for name, t in (("block_idx", block_idx), ("region_step", region_step), ("region_initial", region_initial),
+                    ("steps", steps)):
+        _check_tensor(name, t, torch.int64, rows_shape, device)
+    _check_tensor("rows", rows, torch.bool, rows_shape, device)
+    args = (state, block_idx, region_step, region_initial, steps, rows, int(prompt_len), int(block),
+            int(num_regions), int(steps_per_block), bool(idle_steps))
+    if _pick_impl("skip_finished_blocks", impl, device, ("torch", "cpp")) == "torch":
+        from tracelock.kernels.ref import skip_finished_blocks_ref
+
+        return skip_finished_blocks_ref(*args)
+    torch.ops.tracelock.skip_finished_blocks(*args)
+
+
 def _check_arg(name: str, t, dtypes: tuple, shape: tuple | None = None, like: tuple | None = None,
                strided_rows: bool = False) -> None:
     """Check one argument of the kernel ops: type, dtype, then ``shape`` and the device of ``like`` (a pair

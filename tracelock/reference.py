@@ -1,7 +1,7 @@
 """`reference_generate`: the executable spec of a decoding run, calling only the ``*_ref`` ops."""
 
 from tracelock.decode.loop import run_decode
-from tracelock.kernels.ref import apply_commits_ref
+from tracelock.kernels.ref import apply_commits_ref, skip_finished_blocks_ref
 
 
 def reference_generate(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
@@ -17,4 +17,4 @@ def reference_generate(model, input_ids, *, policy, gen_length, block=None, wind
     return run_decode(model, input_ids, policy=policy, gen_length=gen_length, block=block, window=window,
                       policy_args=policy_args, attention_mask=attention_mask, temperature=temperature,
                       cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed, observer=observer,
-                      apply_commits=apply_commits_ref)
+                      apply_commits=apply_commits_ref, skip_blocks=skip_finished_blocks_ref)

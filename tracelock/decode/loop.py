@@ -110,13 +110,14 @@ def _gen_lengths(canvas: Canvas, end_ids) -> list:
 @torch.no_grad()
 def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
                attention_mask=None, temperature=0.0, cfg_scale=0.0, stop_at_eot=False, idle_steps=False, seed=0,
-               apply_commits, window_stats=None, commit_step=None, observer=None):
+               apply_commits, skip_blocks, window_stats=None, commit_step=None, observer=None):
     """The loop behind `fused_generate` and `reference_generate` (see there); ``observer``, when given, is
-    called with a `StepRecord` at every step (trace recording). ``window_stats`` (fused only) scores greedy
+    called with a `StepRecord` at every step (trace recording). ``apply_commits`` and ``skip_blocks`` are the
+    per-step bookkeeping ops (`tracelock.ops` or their specs). ``window_stats`` (fused only) scores greedy
     steps without CFG from the LM head's input; other steps, and the reference, go through the logits.
     ``commit_step`` (fused only) closes the steps of policies whose ``commit_rule`` is that op's rule."""
     _check_options(model, temperature, cfg_scale)
-    schedule = Schedule(gen_length, block, window, idle_steps)
+    schedule = Schedule(gen_length, block, window, idle_steps, skip_blocks)
     policy = make_policy(policy, **(policy_args or {}))
     policy.setup(gen_length=gen_length, num_regions=schedule.num_regions)
     spec, device = model.spec, model.device

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from tracelock import states
+from tracelock.kernels.ref import skip_finished_blocks_ref
 
 
 def validate_schedule(gen_length, block, window) -> None:
@@ -47,12 +48,14 @@ class RowCounters:
 
 
 class Schedule:
-    def __init__(self, gen_length: int, block: int | None, window: int | None, idle_steps: bool = False):
+    def __init__(self, gen_length: int, block: int | None, window: int | None, idle_steps: bool = False,
+                 skip_blocks=skip_finished_blocks_ref):
         validate_schedule(gen_length, block, window)
         if idle_steps and block is None:
             raise ValueError("idle_steps=True reproduces the reference release's semi-AR block artifact; "
                              "it needs block=N")
         self.gen_length, self.block, self.window, self.idle_steps = gen_length, block, window, idle_steps
+        self.skip_blocks = skip_blocks  # `ops.skip_finished_blocks` or its spec
         self.kind = "block" if block else "window" if window else "full"
         self.num_regions = gen_length // block if block else 1
         self.width = block or window or gen_length  # R: candidate slots per row
@@ -93,18 +96,9 @@ class Schedule:
 
     def _skip_finished_blocks(self, state, c: RowCounters, rows):
         """Move the given rows past blocks that have no active position left (several if stop-at-EOT filled them)."""
-        if self.kind != "block":
-            return
-        for _ in range(self.num_regions):
-            empty = rows & (self.region_active(state, c.block_idx) == 0) & (c.block_idx < self.num_regions - 1)
-            if self.idle_steps:
-                # the release advances blocks by its step counter only: step // steps_per_block
-                empty &= c.steps >= (c.block_idx + 1) * self.S
-            if not bool(empty.any()):
-                return
-            c.block_idx += empty.long()
-            c.region_step.masked_fill_(empty, 0)
-            c.region_initial = torch.where(empty, self.region_active(state, c.block_idx), c.region_initial)
+        if self.kind == "block":
+            self.skip_blocks(state, c.block_idx, c.region_step, c.region_initial, c.steps, rows, self.P, self.block,
+                             self.num_regions, self.S, self.idle_steps)
 
     def advance(self, state: torch.Tensor, c: RowCounters, rows: torch.Tensor) -> None:
         """After a step on ``rows`` [B] bool: count it, and end the blocks that are finished."""
