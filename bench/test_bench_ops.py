@@ -1,4 +1,5 @@
-"""apply_commits (the loop's per-step bookkeeping): torch reference vs the C++ CPU op, at decode-loop sizes."""
+"""The loop's per-step bookkeeping (apply_commits, skip_finished_blocks): torch reference vs the C++ CPU op, at
+decode-loop sizes."""
 
 import platform
 
@@ -7,8 +8,8 @@ import torch
 
 from tracelock import ops
 from tracelock._ext import has_cpp
-from tracelock.kernels.ref import apply_commits_ref
-from tracelock.states import ACTIVE, PROMPT
+from tracelock.kernels.ref import apply_commits_ref, skip_finished_blocks_ref
+from tracelock.states import ACTIVE, LOCKED, PROMPT
 
 SIZES = [(1, 160), (8, 320)]
 IMPLS = ["torch"] + (["cpp"] if has_cpp() else [])
@@ -42,4 +43,31 @@ def test_apply_commits(benchmark, impl, B, L):
         # the op mutates its inputs: each call gets fresh copies (timed for both impls alike)
         return ops.apply_commits(x.clone(), state.clone(), proposal, commit, end_ids, 0, True, impl=impl)
 
+    benchmark.pedantic(step, rounds=200, warmup_rounds=5)
+
+
+BLOCK_SIZES = [(1, 64, 16, 4), (64, 64, 16, 8)]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("B,P,block,regions", BLOCK_SIZES, ids=[f"B{b}-L{p + k * r}-block{k}" for b, p, k, r in BLOCK_SIZES])
+def test_skip_finished_blocks(benchmark, impl, B, P, block, regions):
+    # every row has just finished block 0: one skip per call, what the loop does at a block's end
+    state = torch.full((B, P + block * regions), ACTIVE, dtype=torch.uint8)
+    state[:, :P], state[:, P:P + block] = PROMPT, LOCKED
+    rows, zeros = torch.ones(B, dtype=torch.bool), torch.zeros(B, dtype=torch.long)
+    args = (P, block, regions, block, False)
+
+    def step():
+        counters = [zeros.clone() for _ in range(4)]
+        ops.skip_finished_blocks(state, *counters, rows, *args, impl=impl)
+        return counters
+
+    ref = [zeros.clone() for _ in range(4)]
+    skip_finished_blocks_ref(state, *ref, rows, *args)
+    assert all(torch.equal(a, b) for a, b in zip(ref, step())) and ref[0].eq(1).all()
+
+    benchmark.group = f"skip_finished_blocks-B{B}-L{P + block * regions}-block{block}"
+    benchmark.extra_info.update(impl=impl, machine=platform.processor() or platform.machine(),
+                                torch=torch.__version__, threads=torch.get_num_threads())
     benchmark.pedantic(step, rounds=200, warmup_rounds=5)
