@@ -50,7 +50,8 @@ BLOCK_SIZES = [(1, 64, 16, 4), (64, 64, 16, 8)]
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("B,P,block,regions", BLOCK_SIZES, ids=[f"B{b}-L{p + k * r}-block{k}" for b, p, k, r in BLOCK_SIZES])
+@pytest.mark.parametrize("B,P,block,regions", BLOCK_SIZES,
+                         ids=[f"B{b}-L{p + k * r}-block{k}" for b, p, k, r in BLOCK_SIZES])
 def test_skip_finished_blocks(benchmark, impl, B, P, block, regions):
     # every row has just finished block 0: one skip per call, what the loop does at a block's end
     state = torch.full((B, P + block * regions), ACTIVE, dtype=torch.uint8)
