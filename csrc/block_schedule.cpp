@@ -1,7 +1,7 @@
 // Copyright (c) tracelock authors.
 // The tracelock::skip_finished_blocks op: the semi-AR block schedule's advance, one pass per row, no host
-// sync. The spec is skip_finished_blocks_ref in kernels/ref.py (a loop of ~8 ATen ops per skipped block,
-// each reading the whole [B, L] state, plus a host sync to stop). CPU only: on CUDA the torch spec runs.
+// sync. The spec is skip_finished_blocks_ref in kernels/ref.py (about two dozen small ATen ops per
+// skipped block, most over the whole [B, L] state, plus a host sync to stop). CPU only: on CUDA the torch spec runs.
 // Reads the selected rows' current blocks of state (block bytes each, again per skipped block); writes 3·B
 // int64 counters in place.
 #include <ATen/core/Tensor.h>

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 
 from tracelock import states
-from tracelock.kernels.ref import skip_finished_blocks_ref
 
 
 def validate_schedule(gen_length, block, window) -> None:
@@ -48,8 +47,7 @@ class RowCounters:
 
 
 class Schedule:
-    def __init__(self, gen_length: int, block: int | None, window: int | None, idle_steps: bool = False,
-                 skip_blocks=skip_finished_blocks_ref):
+    def __init__(self, gen_length: int, block: int | None, window: int | None, idle_steps: bool, skip_blocks):
         validate_schedule(gen_length, block, window)
         if idle_steps and block is None:
             raise ValueError("idle_steps=True reproduces the reference release's semi-AR block artifact; "
