@@ -1,9 +1,12 @@
 """`fused_generate`: the decoding entry point, running its per-step ops through `tracelock.ops`.
 
-Greedy steps without CFG score the window with `ops.window_logits_stats` (the LM head and its softmax
-statistics in one op, from the final-normed hidden states), so no [b, R, V] logits are written; sampling and
-CFG need the logits and take the reference path. A policy whose rule is `ops.commit_step`'s (TraceLock's
-margin rule) has its step closed by that op on the device; the other commits go through `ops.apply_commits`.
+Greedy steps without CFG hand the backbone forward two ops to run in place of its outputs:
+`ops.window_logits_stats` on the LM head's input (the head and its softmax statistics in one op), so no
+[b, R, V] logits are written, and, for a policy with a linear tap fold (TraceLock with a linear encoder),
+`ops.tap_project` on the three hidden-state taps, so the policy reads its controller inputs and the taps are
+never returned. Sampling and CFG need the logits and take the logits path (raw taps, as the reference). A policy
+whose rule is `ops.commit_step`'s (TraceLock's margin rule) has its step closed by that op on the device; the
+other commits go through `ops.apply_commits`.
 """
 
 from functools import partial
@@ -15,7 +18,7 @@ from tracelock.decode.loop import run_decode
 # version, the bookkeeping no Triton one, the block advance no CUDA one), so a family maps to its nearest
 # member; None = the op's default
 _IMPL_PER_OP = {
-    # impl: (apply_commits, skip_finished_blocks, window_logits_stats and commit_step)
+    # impl: (apply_commits, skip_finished_blocks, window_logits_stats / tap_project / commit_step)
     "torch": ("torch", "torch", "torch"),
     "cpp": ("cpp", "cpp", "torch"),
     "triton": ("torch", "torch", "triton"),
@@ -70,4 +73,5 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
                       apply_commits=partial(ops.apply_commits, impl=commits_impl),
                       skip_blocks=partial(ops.skip_finished_blocks, impl=blocks_impl),
                       window_stats=partial(ops.window_logits_stats, impl=kernels_impl),
+                      tap_project=partial(ops.tap_project, impl=kernels_impl),
                       commit_step=partial(ops.commit_step, impl=kernels_impl))

@@ -1,14 +1,18 @@
 """One decoding loop for every policy and schedule: prepare -> (denoise_step -> commit -> advance)*.
 
-`reference_generate` runs it with the plain-PyTorch ``*_ref`` ops and the full [b, R, V] logits;
-`fused_generate` with the op dispatcher, and for greedy decoding without CFG it scores the slots with
-`ops.window_logits_stats` straight from the LM head's input, so the logits are never written. Everything
-else (the forward, the policy, the step accounting) is shared, and the two must give identical tokens and
-step counts.
+`reference_generate` runs it with the plain-PyTorch ``*_ref`` ops: the forward returns the full [b, R, V]
+logits and the raw taps, and the signals and the policy's inputs are computed from them afterwards.
+`fused_generate` runs it with the op dispatcher, and for greedy decoding without CFG the backbone forward
+itself calls the ops: `ops.window_logits_stats` in place of the LM head, so the logits are never written, and,
+for a policy with a linear tap fold (`Policy.tap_fold`: TraceLock with a linear encoder), `ops.tap_project`
+on the three taps, so the policy gets its controller inputs (``StepInput.tap_inputs``) instead of the taps.
+Everything else (the policy, the step accounting) is shared, and the two must give identical tokens and step
+counts.
 """
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -87,17 +91,21 @@ def _denoise_step(model, canvas: Canvas, rows, positions, cfg_scale, tap_positio
     return apply_cfg(cond, un, cfg_scale), None if not taps else tuple(t.chunk(2)[0] for t in out.taps)
 
 
-def _fused_signals(model, canvas: Canvas, rows, positions, tap_positions, window_stats):
-    """Greedy signals [b, R] of the given rows' slots and the taps, without the [b, R, V] logits: the forward
-    stops at the LM head's input and ``window_stats`` (`ops.window_logits_stats`) applies the head and its
-    softmax statistics in one pass. The same values as `compute_signals` on the logits at temperature 0."""
+def _fused_signals(model, canvas: Canvas, rows, positions, tap_positions, window_stats, tap_op):
+    """Greedy signals [b, R] of the given rows' slots, the taps and the folded taps, without the [b, R, V]
+    logits: the forward applies ``window_stats`` (`ops.window_logits_stats`: the LM head and its softmax statistics
+    in one pass) to the LM head's input, and ``tap_op`` (when given) to the taps, returning its output instead of
+    them. The same signals as `compute_signals` on the logits at temperature 0."""
     mask = None if canvas.attention_mask is None else canvas.attention_mask[rows]
-    out = model.predict(canvas.x[rows], positions, mask, return_hidden=True, return_taps=tap_positions is not None,
-                        tap_positions=tap_positions)
-    b, R, D = out.hidden.shape
-    proposal, max_prob, second_prob, neg_entropy, eos_prob = (
-        t.view(b, R) for t in window_stats(out.hidden.reshape(b * R, D), model.lm_head.weight, model.spec.eos_id))
-    return Signals(proposal, max_prob, max_prob - second_prob, neg_entropy, eos_prob), out.taps
+    out = model.predict(canvas.x[rows], positions, mask, return_taps=tap_positions is not None,
+                        tap_positions=tap_positions, head_op=window_stats, tap_op=tap_op)
+    proposal, max_prob, second_prob, neg_entropy, eos_prob = out.stats
+    return Signals(proposal, max_prob, max_prob - second_prob, neg_entropy, eos_prob), out.taps, out.tap_inputs
+
+
+def _fold_taps(tap_project, A, c, h1, h2, h3):
+    """The forward's ``tap_op``: the three taps [b*T, D] -> the policy's inputs [b*T, N] by its fold."""
+    return tap_project(h1, h2, h3, A, c)
 
 
 def _gen_lengths(canvas: Canvas, end_ids) -> list:
@@ -110,12 +118,14 @@ def _gen_lengths(canvas: Canvas, end_ids) -> list:
 @torch.no_grad()
 def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
                attention_mask=None, temperature=0.0, cfg_scale=0.0, stop_at_eot=False, idle_steps=False, seed=0,
-               apply_commits, skip_blocks, window_stats=None, commit_step=None, observer=None):
+               apply_commits, skip_blocks, window_stats=None, tap_project=None, commit_step=None, observer=None):
     """The loop behind `fused_generate` and `reference_generate` (see there); ``observer``, when given, is
     called with a `StepRecord` at every step (trace recording). ``apply_commits`` and ``skip_blocks`` are the
     per-step bookkeeping ops (`tracelock.ops` or their specs). ``window_stats`` (fused only) scores greedy
-    steps without CFG from the LM head's input; other steps, and the reference, go through the logits.
-    ``commit_step`` (fused only) closes the steps of policies whose ``commit_rule`` is that op's rule."""
+    steps without CFG inside the forward, from the LM head's input; other steps, and the reference, go through
+    the logits. ``tap_project`` (fused only, with ``window_stats``) folds the taps inside those forwards for a
+    policy whose `Policy.tap_fold` is not None. ``commit_step`` (fused only) closes the steps of policies whose
+    ``commit_rule`` is that op's rule."""
     _check_options(model, temperature, cfg_scale)
     schedule = Schedule(gen_length, block, window, idle_steps, skip_blocks)
     policy = make_policy(policy, **(policy_args or {}))
@@ -129,6 +139,14 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
     first_active = torch.full((B,), canvas.prompt_len, dtype=torch.long, device=device)
     slots = torch.arange(R, device=device)
     commits, forwards = [], 0
+    fused = window_stats is not None and temperature == 0 and cfg_scale == 0
+    # set only for a policy that needs taps, so every fused forward that has a tap_op also has tap rows
+    tap_op = None
+    if fused and policy.needs_taps and tap_project is not None:
+        fold = policy.tap_fold(model)
+        if fold is not None:
+            A, c = fold
+            tap_op = partial(_fold_taps, tap_project, A, c)
     # a policy that never commits would loop forever: every shipped policy finishes within its budget
     max_forwards = 2 * (gen_length + schedule.num_regions * S) + 8
 
@@ -152,8 +170,9 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
         if policy.needs_taps:
             # the controller sees the sequence cropped at the region's right end
             tap_pos = torch.arange(int(hi.max()), device=device).expand(len(rows), -1)
-        if window_stats is not None and temperature == 0 and cfg_scale == 0:
-            signals, taps = _fused_signals(model, canvas, rows, gather_pos, tap_pos, window_stats)
+        tap_inputs = None
+        if fused:
+            signals, taps, tap_inputs = _fused_signals(model, canvas, rows, gather_pos, tap_pos, window_stats, tap_op)
         else:
             logits, taps = _denoise_step(model, canvas, rows, gather_pos, cfg_scale, tap_pos)
             signals = compute_signals(logits, eos_id=spec.eos_id, temperature=temperature, generator=generator,
@@ -162,6 +181,7 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
                                region_initial=counters.region_initial[rows],
                                region_active=schedule.region_active(row_state, counters.block_idx[rows]),
                                steps_per_region=S, positions=gather_pos, state=row_state, rows=rows, taps=taps,
+                               tap_inputs=tap_inputs,
                                attention_mask=None if canvas.attention_mask is None else canvas.attention_mask[rows])
         scatter_pos = torch.where(valid, pos, L)
         x_rows = canvas.x[rows]

@@ -5,7 +5,9 @@ One module serves both families; a `ModelSpec` sets the sizes and the two numeri
 
 The forward returns only what a decoding step asks for: logits at chosen positions, and on request
 the three hidden-state taps with HF ``output_hidden_states`` semantics at chosen positions. No
-all-layer hidden states and no ``[B, L, V]`` logits unless asked for.
+all-layer hidden states and no ``[B, L, V]`` logits unless asked for. The fused decode loop hands it two
+ops to run in place of the LM head and of the raw taps (``head_op``, ``tap_op``), so it returns the
+greedy signals and the controller inputs instead.
 """
 
 from dataclasses import dataclass
@@ -22,6 +24,8 @@ class BackboneOutput:
     logits: torch.Tensor | None  # [B, R, V] raw (unshifted) logits at logit_positions
     taps: tuple | None  # 3 x [B, T, D]: h_{n-2}, h_{n-1}, norm_f(h_n) at tap_positions
     hidden: torch.Tensor | None = None  # [B, R, D] norm_f(h_n) at logit_positions (the LM head's input)
+    stats: tuple | None = None  # [B, R] each: head_op's outputs at logit_positions
+    tap_inputs: torch.Tensor | None = None  # [B, T, N]: tap_op's outputs at tap_positions
 
 
 class RMSNorm(nn.Module):
@@ -142,20 +146,24 @@ class DiffusionBackbone(nn.Module):
         return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
 
     def predict(self, input_ids, positions, attention_mask=None, *, return_taps=False, tap_positions=None,
-                return_hidden=False):
+                return_hidden=False, head_op=None, tap_op=None):
         """Logits that predict the tokens at canvas ``positions`` [B, R] (or, with ``return_hidden``, the LM
-        head's input there instead), and optionally taps.
+        head's input there instead, or with ``head_op`` its outputs there), and optionally taps (or with
+        ``tap_op`` the controller inputs folded from them); see `forward`.
 
         This is what decoding calls: the family's shift (`ModelSpec.output_rows`) is applied here, once,
         to the logits and to the tap positions (features get the same shift as the logits).
         """
         out = self.forward(input_ids, attention_mask, logit_positions=self.spec.output_rows(positions),
-                           return_logits=not return_hidden, return_hidden=return_hidden, return_taps=return_taps,
-                           tap_positions=None if tap_positions is None else self.spec.output_rows(tap_positions))
+                           return_logits=not return_hidden and head_op is None, return_hidden=return_hidden,
+                           return_taps=return_taps,
+                           tap_positions=None if tap_positions is None else self.spec.output_rows(tap_positions),
+                           head_op=head_op, tap_op=tap_op)
         return out
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, *, logit_positions=None,
-                return_logits=True, return_hidden=False, return_taps=False, tap_positions=None) -> BackboneOutput:
+                return_logits=None, return_hidden=False, return_taps=False, tap_positions=None,
+                head_op=None, tap_op=None) -> BackboneOutput:
         """Run the backbone.
 
         Args:
@@ -164,15 +172,36 @@ class DiffusionBackbone(nn.Module):
                 Default: None (every key visible).
             position_ids (torch.Tensor): [B, L] int64. Default: counted from the first real token of each row.
             logit_positions (torch.Tensor): [B, R] int64 output rows to apply the LM head to. Default: all rows.
+            return_logits (bool): return the logits at ``logit_positions``. Default: True, or False with
+                ``head_op`` (which replaces the LM head).
             return_hidden (bool): also return norm_f(h_n) at ``logit_positions``, the LM head's input (what
                 `tracelock.ops.window_logits_stats` scores without writing the logits).
             return_taps (bool): also return h_{n-2}, h_{n-1} and norm_f(h_n) at ``tap_positions``
                 (default: all rows): the last three entries of HF ``output_hidden_states``.
+            head_op (callable, optional): ``head_op(hidden [B*R, D], lm_head_weight [V, D], eos_id)`` -> a
+                tuple of [B*R] tensors, applied to norm_f(h_n) at ``logit_positions`` in place of the LM head
+                (the fused loop passes `tracelock.ops.window_logits_stats`); its outputs come back as ``stats``,
+                [B, R] each, and neither logits nor hidden are returned, so no [B, R, V] tensor is written.
+            tap_op (callable, optional): ``tap_op(h1, h2, h3 each [B*T, D])`` -> [B*T, N], applied to the three
+                taps (needs ``return_taps``; the fused loop passes `tracelock.ops.tap_project` with a TraceLock
+                policy's fold ``h1 @ A[0] + h2 @ A[1] + h3 @ A[2] + c``). Its output comes back as
+                ``tap_inputs`` [B, T, N] and ``taps`` is None. The rows of h_{n-2} and h_{n-1} are still
+                gathered at their layers; they live only until the op runs, after the final norm gives the
+                third tap, and the op reads the three in one pass.
 
         Returns:
-            BackboneOutput: raw (unshifted) logits [B, R, V], the LM head's input [B, R, D] and the taps
-            (3 x [B, T, D]), each None unless asked for.
+            BackboneOutput: raw (unshifted) logits [B, R, V], the LM head's input [B, R, D], the taps
+            (3 x [B, T, D]), head_op's stats ([B, R] each) and tap_op's inputs [B, T, N], each None unless
+            asked for.
         """
+        if return_logits is None:
+            return_logits = head_op is None
+        if head_op is not None and (return_logits or return_hidden):
+            raise ValueError("head_op replaces the LM head and returns only its stats: pass return_logits=False "
+                             "and return_hidden=False with it (or drop head_op to get logits or hidden)")
+        if tap_op is not None and not return_taps:
+            raise ValueError("tap_op folds the three taps, so it needs tap rows: pass return_taps=True (with "
+                             "tap_positions, default all rows) or drop tap_op")
         B, L = input_ids.shape
         if L > self.spec.max_positions:
             raise ValueError(f"input_ids has {L} positions but the model supports at most {self.spec.max_positions} "
@@ -191,11 +220,20 @@ class DiffusionBackbone(nn.Module):
             x = block(x, cos, sin, attn_mask)
             if return_taps and i in (n - 3, n - 2):
                 taps.append(_gather_rows(x, tap_positions))
-        logits = hidden = None
-        if return_logits or return_hidden:
+        logits = hidden = stats = None
+        if return_logits or return_hidden or head_op is not None:
             normed = self.norm(_gather_rows(x, logit_positions))
             logits = self.lm_head(normed) if return_logits else None
             hidden = normed if return_hidden else None
+            if head_op is not None:
+                R, D = normed.shape[1:]
+                stats = tuple(t.reshape(B, R) for t in head_op(normed.reshape(B * R, D), self.lm_head.weight,
+                                                               self.spec.eos_id))
+        tap_inputs = None
         if return_taps:
             taps.append(self.norm(_gather_rows(x, tap_positions)))
-        return BackboneOutput(logits=logits, taps=tuple(taps) if return_taps else None, hidden=hidden)
+            if tap_op is not None:
+                T, D = taps[0].shape[1:]
+                tap_inputs = tap_op(*(t.reshape(B * T, D) for t in taps)).reshape(B, T, -1)
+        taps = tuple(taps) if return_taps and tap_op is None else None
+        return BackboneOutput(logits=logits, taps=taps, hidden=hidden, stats=stats, tap_inputs=tap_inputs)

@@ -40,6 +40,10 @@ class StepInput:
         rows (torch.LongTensor): [B] index of each row in the caller's batch (finished rows drop out).
         taps (tuple, optional): only for policies with ``needs_taps``: h_{n-2}, h_{n-1}, norm_f(h_n), each
             [B, T, D], for canvas positions [0, T) with T the furthest region end (the family's shift applied).
+            None when ``tap_inputs`` replaces them.
+        tap_inputs (torch.Tensor, optional): [B, T, width] the taps of the same positions already folded into
+            the policy's inputs with its :meth:`Policy.tap_fold` (the fused loop has the backbone forward run
+            `tracelock.ops.tap_project`); None on the reference path.
         attention_mask (torch.BoolTensor, optional): [B, L] False at left padding; None when no row is padded.
     """
 
@@ -54,6 +58,7 @@ class StepInput:
     rows: torch.Tensor | None = None
     taps: tuple | None = None
     attention_mask: torch.Tensor | None = None
+    tap_inputs: torch.Tensor | None = None
 
 
 class Policy:
@@ -108,6 +113,13 @@ class Policy:
         """``(score [B, R], tau [B], theta, cap)`` when this step's commits are exactly `tracelock.ops.commit_step`'s
         rule on them (the fused loop then closes the step with that op, on the device); None (the default) when
         the policy's own :meth:`select` decides."""
+        return None
+
+    def tap_fold(self, model) -> tuple | None:
+        """``(A [3, D, N], c [N])`` when this policy reads its taps only as ``h1 @ A[0] + h2 @ A[1] + h3 @ A[2] + c``:
+        the fused loop then has ``model``'s forward fold them with `tracelock.ops.tap_project` and hands the
+        step ``StepInput.tap_inputs`` instead of the taps. None (the default): the policy reads
+        ``StepInput.taps``."""
         return None
 
     def __repr__(self) -> str:

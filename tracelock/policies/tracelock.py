@@ -68,7 +68,8 @@ class TraceLockPolicy(Policy):
             encoder are loaded from it).
         encoder (TapEncoder | str | Path, optional): the encoder of the controller's codes; required with a
             Controller object. A linear encoder is folded with the input projection into
-            ``h1 @ A1 + h2 @ A2 + h3 @ A3 + c`` (one pass over the taps); a nonlinear one runs as codes.
+            ``h1 @ A1 + h2 @ A2 + h3 @ A3 + c`` (one pass over the taps, inside the backbone forward under
+            `fused_generate`: :meth:`tap_fold`); a nonlinear one runs as codes.
         theta (float): commit threshold on ``sigmoid(m)``, in (0, 1). Default: 0.95 (paper), 0.99 with
             ``reference_release``.
         cap (int, optional): at most this many commits per step (largest margins). Default: None (no cap),
@@ -125,6 +126,13 @@ class TraceLockPolicy(Policy):
 
             self._fold = fold(self._encoder, *self._controller.full_input_weight())
 
+    def tap_fold(self, model):
+        """The linear encoder folded with the controller's input projection, ``(A [3, D, width], c [width])`` on
+        ``model``'s device (the fused loop's forward then writes the controller inputs with `ops.tap_project`);
+        None for a nonlinear encoder, whose codes need the taps themselves."""
+        self._prepare(model.device, model.spec.hidden_size)
+        return self._fold
+
     def _inputs(self, taps) -> torch.Tensor:
         """[B, T, width] controller inputs from the three taps: the fold in one pass (`ops.tap_project`), else
         the codes through the input projection."""
@@ -139,11 +147,20 @@ class TraceLockPolicy(Policy):
     @torch.no_grad()
     def slot_scores(self, inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
         """(a [B, R] controller scores of the slots, tau [B] the threshold logit used) at one step."""
-        if inp.taps is None or inp.positions is None or inp.state is None:
-            raise ValueError("the tracelock policy needs StepInput.taps, positions and state (needs_taps = True); "
-                             "run it through fused_generate / reference_generate")
-        B, T, D = inp.taps[0].shape
-        self._prepare(inp.taps[0].device, D)
+        if (inp.taps is None and inp.tap_inputs is None) or inp.positions is None or inp.state is None:
+            raise ValueError("the tracelock policy needs StepInput.positions, state and either taps or tap_inputs "
+                             "(needs_taps = True); run it through fused_generate / reference_generate")
+        if inp.tap_inputs is not None:
+            inputs = inp.tap_inputs
+            B, T, width = inputs.shape
+            if self._fold is None or self._device != inputs.device or width != self._fold[1].shape[0]:
+                raise ValueError(f"StepInput.tap_inputs [{B}, {T}, {width}] on {inputs.device} are not this "
+                                 "policy's folded taps: fold them with policy.tap_fold(model) on the model's device "
+                                 "(the fused loop does) or pass StepInput.taps instead")
+        else:
+            B, T, D = inp.taps[0].shape
+            self._prepare(inp.taps[0].device, D)
+            inputs = self._inputs(inp.taps)
         positions, active = inp.positions, inp.active
         # the region ends right after its last slot (slots past it repeat the last position)
         key_mask = torch.arange(T, device=positions.device) < (positions.max(dim=1).values + 1)[:, None]
@@ -155,7 +172,7 @@ class TraceLockPolicy(Policy):
             where = torch.where(active, positions, T)
             conf = torch.zeros(B, T + 1, device=positions.device).scatter(1, where, inp.signals.confidence.float())
             conf = conf[:, :T]
-        a, tau = self._controller.forward_projected(self._inputs(inp.taps), inp.state[:, :T], key_mask, conf)
+        a, tau = self._controller.forward_projected(inputs, inp.state[:, :T], key_mask, conf)
         if self.static_tau is not None:
             tau = torch.full_like(tau, self.static_tau)
         return a.gather(1, positions), tau
