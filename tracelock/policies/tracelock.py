@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from tracelock.kernels.ref import commit_margin_threshold
+from tracelock.kernels.ref import commit_margin_threshold, tap_project_ref
 
 from .base import Policy, StepInput, topk_mask
 
@@ -134,14 +134,13 @@ class TraceLockPolicy(Policy):
         return self._fold
 
     def _inputs(self, taps) -> torch.Tensor:
-        """[B, T, width] controller inputs from the three taps: the fold in one pass (`ops.tap_project`), else
-        the codes through the input projection."""
+        """[B, T, width] controller inputs from the raw taps (the reference path, and sampling / CFG steps): the
+        fold by its spec `tap_project_ref`, else the codes through the input projection. Fused greedy steps get
+        the same values from the forward (`tap_fold`)."""
         if self._fold is None:
             return self._controller.project(self._encoder.codes(*taps))
-        from tracelock import ops
-
         B, T, D = taps[0].shape
-        out = ops.tap_project(*(t.reshape(B * T, D) for t in taps), *self._fold)
+        out = tap_project_ref(*(t.reshape(B * T, D) for t in taps), *self._fold)
         return out.reshape(B, T, -1)
 
     @torch.no_grad()
