@@ -56,7 +56,6 @@ def apply_commits_ref(
     return torch.where(active, pos, L).amin(1)
 
 
-
 def skip_finished_blocks_ref(
     state: torch.Tensor,
     block_idx: torch.Tensor,
