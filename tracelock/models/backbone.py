@@ -74,7 +74,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d, self.n_kv * hd, bias=spec.qkv_bias)
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
 
-    def forward(self, x, cos, sin, attn_mask):
+    def forward(self, x, cos, sin, attn_mask, causal=False):
         B, L, _ = x.shape
         q = self.q_proj(x).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
@@ -84,7 +84,7 @@ class Attention(nn.Module):
             # GQA: query head j reads key/value head j // group
             group = self.n_heads // self.n_kv
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=False)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal)
         return self.o_proj(out.transpose(1, 2).reshape(B, L, -1))
 
 
@@ -107,8 +107,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MLP(spec)
 
-    def forward(self, x, cos, sin, attn_mask):
-        h = x + self.attn(self.attn_norm(x), cos, sin, attn_mask)
+    def forward(self, x, cos, sin, attn_mask, causal=False):
+        h = x + self.attn(self.attn_norm(x), cos, sin, attn_mask, causal)
         return h + self.mlp(self.mlp_norm(h))
 
 
@@ -163,7 +163,7 @@ class DiffusionBackbone(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, *, logit_positions=None,
                 return_logits=None, return_hidden=False, return_taps=False, tap_positions=None,
-                head_op=None, tap_op=None) -> BackboneOutput:
+                head_op=None, tap_op=None, causal=False) -> BackboneOutput:
         """Run the backbone.
 
         Args:
@@ -188,6 +188,8 @@ class DiffusionBackbone(nn.Module):
                 ``tap_inputs`` [B, T, N] and ``taps`` is None. The rows of h_{n-2} and h_{n-1} are still
                 gathered at their layers; they live only until the op runs, after the final norm gives the
                 third tap, and the op reads the three in one pass.
+            causal (bool): a causal attention mask instead of the diffusion models' full attention. Only the
+                testbed's AR calibration (`tracelock.testbed.ar_calibration`) uses it; no decoder does.
 
         Returns:
             BackboneOutput: raw (unshifted) logits [B, R, V], the LM head's input [B, R, D], the taps
@@ -196,6 +198,9 @@ class DiffusionBackbone(nn.Module):
         """
         if return_logits is None:
             return_logits = head_op is None
+        if causal and attention_mask is not None:
+            raise ValueError("causal=True takes no attention_mask (the causal mask is the only mask); pass "
+                             "unpadded rows or causal=False")
         if head_op is not None and (return_logits or return_hidden):
             raise ValueError("head_op replaces the LM head and returns only its stats: pass return_logits=False "
                              "and return_hidden=False with it (or drop head_op to get logits or hidden)")
@@ -217,7 +222,7 @@ class DiffusionBackbone(nn.Module):
         n = len(self.blocks)
         taps = []
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, attn_mask)
+            x = block(x, cos, sin, attn_mask, causal)
             if return_taps and i in (n - 3, n - 2):
                 taps.append(_gather_rows(x, tap_positions))
         logits = hidden = stats = None
