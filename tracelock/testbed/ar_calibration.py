@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from tracelock.atomic import atomic_write_json
 from tracelock.testbed.tasks import held_out
-from tracelock.testbed.train import Batches, TrainConfig, _build, _lr
+from tracelock.testbed.train import Batches, TrainConfig, _build, _lr, make_optimizer
 from tracelock.text import encode_prompt
 
 
@@ -43,7 +43,7 @@ def train_ar(cfg: TrainConfig, progress: bool = True):
         torch.set_num_threads(cfg.threads)
     model, tok = _build(cfg, out)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    opt = make_optimizer(cfg, model)
     batches = Batches(cfg, tok, model.spec)
     start = time.perf_counter()
     for step in tqdm(range(cfg.steps), disable=not progress, unit="step"):

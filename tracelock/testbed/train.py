@@ -114,6 +114,14 @@ def sft_loss(model, x, answer_region, generator, eps):
     return (token_loss / answer_len).sum() / B
 
 
+def make_optimizer(cfg: TrainConfig, model) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices only (not on the norm weights)."""
+    decay = [p for p in model.parameters() if p.dim() == 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+
+
 def _lr(cfg: TrainConfig, step: int) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
@@ -179,10 +187,7 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
     out.mkdir(parents=True, exist_ok=True)
     model, tok = _build(cfg, out)
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    opt = make_optimizer(cfg, model)
     start, log = 0, {"config": dataclasses.asdict(cfg), "loss": [], "seconds": 0.0}
     if not fresh:
         start, log = _load_state(out, model, opt)
