@@ -108,6 +108,9 @@ class TraceLockPolicy(Policy):
         self.static_tau = None if static_tau is None else float(static_tau)
         self._margin_threshold = commit_margin_threshold(self.theta)
         self._device, self._fold = None, None
+        # set by a `tracelock.eval.diagnostics.ControllerStepRecorder` while it records: the policy then keeps the
+        # last step's slot scores and tau for it; off by default, so decoding holds on to nothing
+        self.record_scores, self.last_scores = False, None
 
     def _prepare(self, device, D: int):
         """Move the controller to the taps' device, check the tap width, fold a linear encoder once."""
@@ -174,7 +177,10 @@ class TraceLockPolicy(Policy):
         a, tau = self._controller.forward_projected(inputs, inp.state[:, :T], key_mask, conf)
         if self.static_tau is not None:
             tau = torch.full_like(tau, self.static_tau)
-        return a.gather(1, positions), tau
+        a = a.gather(1, positions)
+        if self.record_scores:
+            self.last_scores = (a, tau)
+        return a, tau
 
     def margins(self, inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
         """(m [B, R] margins of the slots, tau [B] the threshold logit used) at one step."""
