@@ -64,7 +64,8 @@ def test_trace_divergence_by_hand():
     assert d.step.tolist() == [1, 2, 3, 4]
     # step 1: A committed {0}, B {0, 1}; step 2: A {0, 1}, B all; step 3: A {0, 1, 2}; step 4: both final
     np.testing.assert_allclose(d.mask_sym_diff, [1 / 4, 2 / 4, 1 / 4, 0])
-    np.testing.assert_allclose(d.mask_jaccard, [2 / 3, 0, 0, 1])
+    # both fully committed at step 4: the masked sets' Jaccard is undefined
+    np.testing.assert_allclose(d.mask_jaccard, [2 / 3, 0, 0, np.nan])
     np.testing.assert_allclose(d.committed_jaccard, [1 / 2, 2 / 4, 3 / 4, 1])
     np.testing.assert_allclose(d.common_token_diff, [0, 1 / 4, 1 / 4, 2 / 4])
     # every 3 steps: step 3, then the last step 4
@@ -72,7 +73,7 @@ def test_trace_divergence_by_hand():
     # a trace against itself never diverges
     same = trace_divergence(A, A, every=1)
     assert not same.mask_sym_diff.any() and not same.common_token_diff.any()
-    np.testing.assert_allclose(same.mask_jaccard, 1)
+    np.testing.assert_allclose(same.mask_jaccard, [1, 1, 1, np.nan])
 
 
 def test_divergence_over_items_by_hand():
@@ -81,7 +82,8 @@ def test_divergence_over_items_by_hand():
     d = divergence_over_items([A, c], [c, B], every=2)
     assert d.items == 2 and d.step.tolist() == [2, 4]
     np.testing.assert_allclose(d.mask_sym_diff, [(2 / 4 + 0) / 2, 0])
-    np.testing.assert_allclose(d.mask_jaccard, [(0 + 1) / 2, 1])
+    # the Jaccard overlaps average over the items that define them: item y is fully committed from step 1 on
+    np.testing.assert_allclose(d.mask_jaccard, [0, np.nan])
     np.testing.assert_allclose(d.committed_jaccard, [(2 / 4 + 1) / 2, 1])
     np.testing.assert_allclose(d.common_token_diff, [(1 / 4 + 0) / 2, (2 / 4 + 0) / 2])
     with pytest.raises(ValueError, match="share no item id"):

@@ -70,26 +70,28 @@ class Divergence:
             length (the paper normalises its count metrics by it).
         mask_jaccard (np.ndarray): [K] Jaccard overlap of the two still-masked sets, the paper's "mask Jaccard"
             (its table's late rows, 13% symmetric difference with 37% common-token difference, are only possible
-            for the masked sets); 1 where both are fully committed.
-        committed_jaccard (np.ndarray): [K] Jaccard overlap of the two committed sets; 1 where neither committed.
+            for the masked sets). Undefined (NaN) once both traces are fully committed: an item counts in the mean
+            only while one of its traces still has a mask, so finished items do not pull it to 100%.
         common_token_diff (np.ndarray): [K] positions committed in both with different tokens, as a fraction of
             the generation length.
+        committed_jaccard (np.ndarray): [K] Jaccard overlap of the two committed sets (NaN if neither committed).
         items (int): item pairs averaged (1 for a single pair).
     """
 
     step: np.ndarray
     mask_sym_diff: np.ndarray
     mask_jaccard: np.ndarray
-    committed_jaccard: np.ndarray
     common_token_diff: np.ndarray
+    committed_jaccard: np.ndarray
     items: int = 1
 
-    METRICS = ("mask_sym_diff", "mask_jaccard", "committed_jaccard", "common_token_diff")
+    # the paper's three columns, then the committed sets' overlap
+    METRICS = ("mask_sym_diff", "mask_jaccard", "common_token_diff", "committed_jaccard")
 
 
 def _jaccard(x: np.ndarray, y: np.ndarray) -> float:
     union = int((x | y).sum())
-    return 1.0 if union == 0 else int((x & y).sum()) / union
+    return float("nan") if union == 0 else int((x & y).sum()) / union
 
 
 def _divergence_at(a: Trace, b: Trace, steps: np.ndarray) -> Divergence:
@@ -98,10 +100,10 @@ def _divergence_at(a: Trace, b: Trace, steps: np.ndarray) -> Divergence:
     for s in steps:
         ca, cb = _committed(a, s), _committed(b, s)
         both = ca & cb
-        rows.append(((ca ^ cb).sum() / G, _jaccard(~ca, ~cb), _jaccard(ca, cb),
-                     (both & (a.final != b.final)).sum() / G))
+        rows.append(((ca ^ cb).sum() / G, _jaccard(~ca, ~cb), (both & (a.final != b.final)).sum() / G,
+                     _jaccard(ca, cb)))
     cols = np.array(rows, dtype=np.float64).reshape(len(steps), 4).T
-    return Divergence(np.asarray(steps, dtype=np.int64), *cols)
+    return Divergence(np.asarray(steps, dtype=np.int64), **dict(zip(Divergence.METRICS, cols)))
 
 
 def trace_divergence(a: Trace, b: Trace, every: int = 16) -> Divergence:
@@ -112,12 +114,18 @@ def trace_divergence(a: Trace, b: Trace, every: int = 16) -> Divergence:
 
 def divergence_over_items(traces_a, traces_b, every: int = 16) -> Divergence:
     """Mean divergence over the items both sets hold, every ``every`` steps up to the longest trace (plus that
-    last step); an item whose two traces finished earlier contributes its final state."""
+    last step); an item whose two traces finished earlier contributes its final state, and to the Jaccard
+    overlaps only where they are defined (NaN at a step where no item defines them)."""
     pairs = pair_traces(traces_a, traces_b)
     steps = probe_steps(max(max(a.num_steps, b.num_steps) for a, b in pairs), every)
     per_item = [_divergence_at(a, b, steps) for a, b in pairs]
-    means = [np.mean([getattr(d, m) for d in per_item], axis=0) for m in Divergence.METRICS]
-    return Divergence(steps, *means, items=len(pairs))
+    means = []
+    for m in Divergence.METRICS:
+        values = np.stack([getattr(d, m) for d in per_item])
+        defined = (~np.isnan(values)).sum(0)
+        total = np.where(np.isnan(values), 0.0, values).sum(0)
+        means.append(np.divide(total, defined, out=np.full(len(steps), np.nan), where=defined > 0))
+    return Divergence(steps, **dict(zip(Divergence.METRICS, means)), items=len(pairs))
 
 
 def cumulative_acceptance(traces) -> tuple[np.ndarray, np.ndarray]:
