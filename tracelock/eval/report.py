@@ -18,6 +18,7 @@ Reads the run folder `tracelock eval` writes (``manifest.json``, ``summary.json`
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from tracelock.atomic import atomic_write_bytes, atomic_write_text
@@ -135,7 +136,10 @@ class _Run:
         if key not in self._traces:
             store = self.folder(setting, policy) / "traces"
             if (store / "index.json").is_file():
-                self._traces[key] = list(iter_traces(store))
+                # the diagnostics read commit steps and final tokens only: drop the per-step proposals and
+                # confidences, [S, G] each (about 30 MB per 300 items at G = 128), while every store is held
+                self._traces[key] = [replace(t, steps=t.steps[:0], proposals=t.proposals[:0], confidence=None)
+                                     for t in iter_traces(store)]
             else:
                 self._traces[key] = None
                 self.notes.append(f"no trace store at `{store}`: {policy['label']} at {setting['label']} is left "
