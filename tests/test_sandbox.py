@@ -15,22 +15,26 @@ from tracelock.sandbox import check_many, check_program, run_python
 FEATURES = sandbox.probe_isolation()
 
 
-def _gone(pid: int, within: float = 3.0) -> bool:
-    """True once ``pid`` no longer exists or is a zombie (a container's init may not reap orphans)."""
+def _survivors(marker: str, within: float = 3.0) -> list[int]:
+    """Live (non-zombie) processes whose command line holds ``marker``, searched in the harness's /proc: a
+    contained run sees its own PID namespace, so the pids it prints are not the host's. Waits up to ``within``
+    seconds for them to go (a container's init may not reap orphans, hence zombies count as gone)."""
     deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return True
-        except FileNotFoundError:
-            return True
+    while True:
+        alive = []
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+                with open(f"/proc/{entry}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (FileNotFoundError, NotADirectoryError, ProcessLookupError):
+                continue
+            if marker.encode() in cmdline and state != "Z":
+                alive.append(int(entry))
+        if not alive or time.monotonic() > deadline:
+            return alive
         time.sleep(0.05)
-    return False
-
-
-def _pids(stdout: str) -> list[int]:
-    return [int(line) for line in stdout.split()]
 
 
 def test_ok_program():
@@ -55,13 +59,14 @@ def test_runtime_error_and_failing_assert():
 
 
 def test_wall_timeout_kills_the_process_group():
-    src = "import subprocess\np = subprocess.Popen(['sleep', '30'])\nprint(p.pid, flush=True)\nwhile True:\n    pass\n"
+    src = ("import subprocess\np = subprocess.Popen(['sleep', '30.0101'])\nprint(p.pid, flush=True)\n"
+           "while True:\n    pass\n")
     t0 = time.monotonic()
     r = run_python(src, timeout=1, cpu_seconds=10)
     assert r.status == "timeout" and r.returncode is None
     assert time.monotonic() - t0 < 3
-    (child,) = _pids(r.stdout)
-    assert _gone(child), "the sandboxed program's child survived the timeout"
+    assert len(r.stdout.split()) == 1, "the child was not started"
+    assert not _survivors("30.0101"), "the sandboxed program's child survived the timeout"
 
 
 def test_cpu_limit_kills():
@@ -83,13 +88,12 @@ def test_memory_bomb_fails():
 def test_process_limit_stops_spawning_and_everything_is_cleaned_up():
     src = ("import subprocess\n"
            "for _ in range(50):\n"
-           "    print(subprocess.Popen(['sleep', '30']).pid, flush=True)\n")
+           "    print(subprocess.Popen(['sleep', '30.0202']).pid, flush=True)\n")
     r = run_python(src, max_processes=4)
     assert r.status == "killed", r
     assert "Resource temporarily unavailable" in r.stderr
-    pids = _pids(r.stdout)
-    assert len(pids) < 50
-    assert all(_gone(pid) for pid in pids), "spawned children outlived the run"
+    assert 0 < len(r.stdout.split()) < 50
+    assert not _survivors("30.0202"), "spawned children outlived the run"
 
 
 def test_file_size_limit():
@@ -151,3 +155,27 @@ def test_check_many_keeps_order_and_runs_concurrently():
     elapsed = time.monotonic() - t0
     assert [r.status for r in results] == ["ok", "ok", "runtime_error", "ok"]
     assert elapsed < 1.6, f"4 x 0.5 s jobs with 4 workers took {elapsed:.2f} s"
+
+
+def test_crash_signal_is_reported():
+    r = run_python("import ctypes\nctypes.string_at(0)\n")  # a segfault in C code: no Python traceback
+    assert (r.status, r.returncode) == ("killed", -signal.SIGSEGV), r
+
+
+@pytest.mark.skipif(not FEATURES["containment"], reason="private mount/PID namespaces are not permitted here")
+def test_contained_run_has_its_own_processes_and_working_directory_and_no_home():
+    home, keep = sandbox._HOME_LAYOUT  # the harness user's home: hidden, except the entries holding the interpreter
+    src = ("import json, os\n"
+           "open('scratch.txt', 'w').write('x')\n"
+           "print(json.dumps({'pid': os.getpid(), 'proc': [p for p in os.listdir('/proc') if p.isdigit()],\n"
+           f"                  'cwd': sorted(os.listdir('.')), 'home': {home!r} and sorted(os.listdir({home!r}))}}))\n")
+    r = run_python(src)
+    assert r.status == "ok", r.stderr
+    seen = json.loads(r.stdout)
+    assert seen["pid"] == 1 and seen["proc"] == ["1"]  # PID 1 of a namespace of its own, and /proc says so
+    assert seen["cwd"] == ["candidate.py", "scratch.txt"]
+    assert home is None or seen["home"] == sorted(os.path.basename(p) for p in keep)
+    for path in ("/tmp/tracelock-contained-probe", os.path.join(os.getcwd(), "tracelock-contained-probe")):
+        r = run_python(f"open({path!r}, 'w').write('x')")
+        assert r.status == "runtime_error" and "Read-only file system" in r.stderr, (path, r)
+        assert not os.path.exists(path)

@@ -1,17 +1,29 @@
 """Sandboxed execution of generated Python code (DESIGN.md §8), never in the harness process: a fresh interpreter
 per program with resource limits, its own process group, no network where the kernel allows, a scrubbed environment,
 closed stdin and a temporary working directory. A root harness drops the child to ``nobody`` (RLIMIT_NPROC is not
-enforced for root)."""
+enforced for root).
+
+Where the kernel permits it (probed once, like the network namespace), a root harness also contains the program in
+private mount and PID namespaces (``CONTAINMENT``): the whole file tree is read-only (``/tmp`` included), the
+working directory is a small private tmpfs that vanishes with the run, the harness user's home is hidden
+(only the interpreter's installation is mounted back), ``/proc`` shows the run's own processes only, and the
+program is PID 1 of its namespace, so every process it started, daemons that left the process group included, dies
+with it (as any PID 1, it ignores signals it sends itself that it has no handler for). The child then keeps no
+capability. Without containment (a non-root harness, or namespaces refused) the program can write wherever
+``nobody`` (or the harness user) may, e.g. the world-writable ``/tmp``, and a daemon that leaves its process group
+outlives the run; a warning says so once."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import os
+import pwd
 import resource
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -22,14 +34,21 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-__all__ = ["RunResult", "run_python", "check_program", "check_many", "probe_isolation", "NETWORK_ISOLATION"]
+__all__ = ["RunResult", "run_python", "check_program", "check_many", "probe_isolation", "NETWORK_ISOLATION",
+           "CONTAINMENT"]
 
 OUTPUT_LIMIT = 4096  # bytes kept per stream: enough for a traceback, small enough for thousands of results
 NETWORK_ISOLATION: bool | None = None  # None until probed; False: unshare(CLONE_NEWNET) is not permitted here
 DROP_PRIVILEGES: bool | None = None  # True: the harness is root and the child can switch to nobody
+CONTAINMENT: bool | None = None  # True: private mount + PID namespaces (module docstring); False: refused or not root
+SCRATCH_MB = 64  # size of a contained run's working directory, a tmpfs: memory-backed, so bounded
 
 _libc = ctypes.CDLL(None, use_errno=True)  # loaded now: preexec_fn runs between fork and exec
 _CLONE_NEWNET, _CAP_DAC_READ_SEARCH, _CAPABILITY_VERSION_3 = 0x40000000, 2, 0x20080522
+_CLONE_NEWNS, _CLONE_NEWPID = 0x00020000, 0x20000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+# mount_setattr(2) has the same number on every architecture; struct mount_attr is four u64
+_SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID = 442, -100, 0x8000, 1, 2
 _PR_SET_KEEPCAPS, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 8, 38, 47, 2
 _NOBODY = (65534, 65534)  # uid, gid of nobody/nogroup on Linux; any unprivileged id works, listed or not
 # last traceback lines that mean a resource limit, not a bug: RLIMIT_AS, RLIMIT_FSIZE (EFBIG), RLIMIT_NPROC (EAGAIN)
@@ -38,6 +57,7 @@ _RESOURCE_ERRORS = ("MemoryError", "OSError: [Errno 27]", "BlockingIOError: [Err
 _PEEK = os.WEXITED | os.WNOHANG | os.WNOWAIT
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
 _probe_lock, _compile_lock = threading.Lock(), threading.Lock()
+_HOME_LAYOUT: tuple[str | None, tuple[str, ...]] = (None, ())  # set by probe_isolation: see _home_layout
 
 
 @dataclass
@@ -61,41 +81,161 @@ def _check(rc: int, what: str) -> None:
         raise OSError(ctypes.get_errno(), f"{what} failed")
 
 
-def _drop_privileges() -> None:
-    # Keep only CAP_DAC_READ_SEARCH, ambient so it survives exec: the interpreter may live where only root can
-    # enter (here /root/.pyenv). Nothing root owns is writable; no_new_privs stops setuid binaries restoring root.
-    _check(_libc.prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0), "prctl(PR_SET_KEEPCAPS)")
+def _drop_privileges(keep_read_cap: bool) -> None:
+    # keep_read_cap (no containment): keep only CAP_DAC_READ_SEARCH, ambient so it survives exec, because the
+    # interpreter may live where only root can enter (here /root/.pyenv); it also lets the program read any file.
+    # Contained runs mount the interpreter back instead and keep nothing. Nothing root owns is writable either way;
+    # no_new_privs stops setuid binaries restoring root.
+    if keep_read_cap:
+        _check(_libc.prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0), "prctl(PR_SET_KEEPCAPS)")
     os.setgroups([])
     os.setresgid(*(_NOBODY[1],) * 3)
     os.setresuid(*(_NOBODY[0],) * 3)
-    mask = 1 << _CAP_DAC_READ_SEARCH  # capset(2) v3: header {version, pid}, data[2] {effective, permitted, inh.}
-    header, data = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0), (ctypes.c_uint32 * 6)(mask, mask, mask, 0, 0, 0)
-    _check(_libc.capset(header, data), "capset")
-    _check(_libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, _CAP_DAC_READ_SEARCH, 0, 0), "prctl(PR_CAP_AMBIENT)")
+    if keep_read_cap:
+        mask = 1 << _CAP_DAC_READ_SEARCH  # capset(2) v3: header {version, pid}, data[2] {effective, permitted, inh.}
+        header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+        _check(_libc.capset(header, (ctypes.c_uint32 * 6)(mask, mask, mask, 0, 0, 0)), "capset")
+        _check(_libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, _CAP_DAC_READ_SEARCH, 0, 0), "prctl(PR_CAP_AMBIENT)")
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+
+
+def _become_pid1() -> None:
+    """Called right after unshare(CLONE_NEWPID): fork the namespace's PID 1, which returns and goes on to exec the
+    program. This process stays behind as the one Popen knows: it waits and then exits as PID 1 did (same code, same
+    signal). When PID 1 dies the kernel kills everything left in its namespace, daemons that called setsid included.
+    """
+    pid = os.fork()
+    if pid == 0:
+        return
+    try:  # never return: that would exec the program a second time
+        os.closerange(0, os.sysconf("SC_OPEN_MAX"))  # the output pipes and Popen's exec-error pipe belong to PID 1
+        status = os.waitpid(pid, 0)[1]
+        if os.WIFSIGNALED(status):
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            _libc.signal(os.WTERMSIG(status), None)  # SIG_DFL: the harness's handlers were inherited
+            os.kill(os.getpid(), os.WTERMSIG(status))
+        os._exit(os.waitstatus_to_exitcode(status))
+    finally:
+        os._exit(255)
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    encoded = [None if v is None else v.encode() for v in (source, target, fstype, data)]
+    _check(_libc.mount(encoded[0], encoded[1], encoded[2], ctypes.c_ulong(flags), encoded[3]), f"mount({target})")
+
+
+def _home_layout() -> tuple[str | None, tuple[str, ...]]:
+    """The harness user's home directory, hidden from contained runs, and the entries in it to mount back: the
+    ones holding the interpreter (sys.executable, the prefixes, symlinks resolved)."""
+    home = os.path.realpath(pwd.getpwuid(os.geteuid()).pw_dir)
+    if home == "/" or not os.path.isdir(home):
+        return None, ()
+    paths = (sys.executable, sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix)
+    keep = {os.path.join(home, os.path.relpath(p, home).split(os.sep)[0]) for path in paths
+            for p in (os.path.abspath(path), os.path.realpath(path)) if p.startswith(home + os.sep)}
+    return home, tuple(sorted(keep))
+
+
+def _private_filesystem(workdir: str, source: bytes) -> None:
+    """In a fresh mount namespace (root, before the privilege drop): everything read-only, a private tmpfs as the
+    working directory, the home directory hidden, /proc for the run's PID namespace; then write the program into the
+    working directory and enter it (the current directory still points at the parent's copy under the tmpfs)."""
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing below propagates back to the harness's tree
+    home, keep = _HOME_LAYOUT
+    if home is not None:
+        fds = [(path, os.open(path, os.O_PATH)) for path in keep]  # still reachable once the tmpfs covers home
+        _mount("tmpfs", home, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m")
+        for path, fd in fds:
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                os.mkdir(path)
+            else:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+            _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
+            os.close(fd)
+    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    attr = (ctypes.c_uint64 * 4)(_MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID, 0, 0, 0)
+    _check(_libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, attr, ctypes.sizeof(attr)),
+           "mount_setattr(/, read-only)")
+    # mounted after the read-only pass, so the one writable place; it covers the parent's (empty) directory
+    _mount("tmpfs", workdir, "tmpfs", _MS_NOSUID | _MS_NODEV,
+           f"mode=0700,uid={_NOBODY[0]},gid={_NOBODY[1]},size={SCRATCH_MB}m,nr_inodes=4096")
+    path = os.path.join(workdir, "candidate.py")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with memoryview(source) as view:
+        while view:
+            view = view[os.write(fd, view):]
+    os.close(fd)
+    os.chown(path, *_NOBODY)
+    os.chdir(workdir)
+
+
+def _preexec(workdir: str, source: bytes, *, isolate: bool, contain: bool, drop: bool, limits: list):
+    def preexec() -> None:
+        os.setsid()  # own process group, so killpg reaches every descendant that did not leave it
+        os.umask(0o077)
+        flags = (_CLONE_NEWNET if isolate else 0) | (_CLONE_NEWNS | _CLONE_NEWPID if contain else 0)
+        if flags:  # fail closed: isolation was requested and probed as available
+            _check(_libc.unshare(flags), "unshare")
+        if contain:
+            _become_pid1()
+            _private_filesystem(workdir, source)
+        if drop:
+            _drop_privileges(keep_read_cap=not contain)  # after the unshare and the mounts, which need root
+        for which, value in limits:
+            resource.setrlimit(which, value)
+    return preexec
+
+
+def _launch(source: str, timeout: float, *, isolate: bool, contain: bool, drop: bool,
+            limits: list) -> tuple[str, str, int | None]:
+    """Run ``source`` as candidate.py in a fresh working directory; (stdout, stderr, returncode or None on timeout)."""
+    workdir = tempfile.mkdtemp(prefix="tracelock-sandbox-")
+    try:
+        if not contain:  # a contained child writes its own copy in its private tmpfs
+            with open(os.path.join(workdir, "candidate.py"), "w", encoding="utf-8") as f:
+                f.write(source)
+            if drop:  # nobody must be able to read the source and write in its working directory
+                os.chown(workdir, *_NOBODY)
+        preexec = _preexec(workdir, source.encode(), isolate=isolate, contain=contain,
+                           drop=drop, limits=limits)
+        # -S -s -P rather than -I: -I implies -E, which would ignore PYTHONHASHSEED
+        with subprocess.Popen([sys.executable, "-S", "-s", "-B", "-P", "candidate.py"], cwd=workdir,
+                              env=dict(_ENV, HOME=workdir), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, preexec_fn=preexec, close_fds=True) as proc:
+            stdout, stderr, timed_out = _collect(proc, timeout)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return stdout, stderr, None if timed_out else proc.returncode
 
 
 def probe_isolation() -> dict[str, bool]:
     """Find out, once per process, which isolation features this machine permits.
 
     Returns:
-        ``{"network_isolation": bool, "drop_privileges": bool}``, also kept in the module-level flags.
+        ``{"network_isolation": bool, "drop_privileges": bool, "containment": bool}``, also kept in the
+        module-level flags.
     """
-    global NETWORK_ISOLATION, DROP_PRIVILEGES
+    global NETWORK_ISOLATION, DROP_PRIVILEGES, CONTAINMENT, _HOME_LAYOUT
 
-    def works(fn) -> bool:  # tried in a real child: seccomp or namespace policy can refuse what root may do
+    def works(**flags) -> bool:  # tried in a real child: seccomp or namespace policy can refuse what root may do
+        # the import reads the standard library: the interpreter's files are reachable from inside
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            return subprocess.run([sys.executable, "-S", "-c", ""], preexec_fn=fn, env={}, timeout=30).returncode == 0
+            return _launch("import json\nprint(json.dumps(1))", 30, limits=[], **flags)[::2] == ("1\n", 0)
         return False
 
     with _probe_lock:
         if NETWORK_ISOLATION is None:
-            DROP_PRIVILEGES = os.geteuid() == 0 and works(_drop_privileges)
-            NETWORK_ISOLATION = works(lambda: _check(_libc.unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)"))
-            if not NETWORK_ISOLATION or (os.geteuid() == 0 and not DROP_PRIVILEGES):  # said once per process
+            root = os.geteuid() == 0
+            _HOME_LAYOUT = _home_layout()
+            DROP_PRIVILEGES = root and works(isolate=False, contain=False, drop=True)
+            NETWORK_ISOLATION = works(isolate=True, contain=False, drop=False)
+            CONTAINMENT = bool(DROP_PRIVILEGES) and works(isolate=False, contain=True, drop=True)
+            if not (NETWORK_ISOLATION and CONTAINMENT):  # said once per process
                 warnings.warn(f"partial sandbox: network isolation {NETWORK_ISOLATION}, root dropped {DROP_PRIVILEGES} "
-                              "(else max_processes is not enforced)", RuntimeWarning, stacklevel=2)
-    return {"network_isolation": NETWORK_ISOLATION, "drop_privileges": DROP_PRIVILEGES}
+                              f"(else max_processes is not enforced), containment {CONTAINMENT} (else the program "
+                              "may write outside its directory and leave processes behind)", RuntimeWarning,
+                              stacklevel=2)
+    return {"network_isolation": NETWORK_ISOLATION, "drop_privileges": DROP_PRIVILEGES, "containment": CONTAINMENT}
 
 
 def _syntax_error(source: str) -> str | None:
@@ -142,6 +282,11 @@ def _collect(proc: subprocess.Popen, timeout: float) -> tuple[str, str, bool]:
                     else:
                         err += chunk
                         del err[: max(0, len(err) - OUTPUT_LIMIT - 1)]
+        # both pipes at EOF: a contained run's reaper exits just after its PID 1 closed them, so give it until the
+        # deadline (polled: peeking keeps the pid, the process group's id, from reuse until the killpg below)
+        while not timed_out and os.waitid(os.P_PID, proc.pid, _PEEK) is None:
+            timed_out = time.monotonic() >= deadline
+            time.sleep(0.001)
     finally:  # also on errors and KeyboardInterrupt: nothing may outlive the run
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -174,38 +319,14 @@ def run_python(source: str, *, timeout: float = 5.0, cpu_seconds: int = 5, memor
     if (error := _syntax_error(source)) is not None:
         return RunResult("syntax_error", None, "", error, time.perf_counter() - start)
     probe_isolation()
-    isolate, drop = not network and NETWORK_ISOLATION, DROP_PRIVILEGES
     # RLIMIT_AS last: the forked child still has the parent's large address space until exec
     limits = [_lowered(resource.RLIMIT_CORE, 0), _lowered(resource.RLIMIT_CPU, cpu_seconds, cpu_seconds + 1),
               _lowered(resource.RLIMIT_NPROC, max_processes), _lowered(resource.RLIMIT_FSIZE, max_file_mb << 20),
               _lowered(resource.RLIMIT_AS, memory_mb << 20)]
-
-    def preexec() -> None:
-        os.setsid()  # own process group, so killpg reaches every descendant that did not leave it
-        os.umask(0o077)
-        if isolate:  # fail closed: isolation was requested and probed as available
-            _check(_libc.unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)")
-        if drop:
-            _drop_privileges()  # after the unshare, which needs root
-        for which, value in limits:
-            resource.setrlimit(which, value)
-
-    workdir = tempfile.mkdtemp(prefix="tracelock-sandbox-")
-    try:
-        path = os.path.join(workdir, "candidate.py")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(source)
-        if drop:  # nobody must be able to read the source and write in its working directory
-            os.chown(workdir, *_NOBODY)
-        # -S -s -P rather than -I: -I implies -E, which would ignore PYTHONHASHSEED
-        with subprocess.Popen([sys.executable, "-S", "-s", "-B", "-P", path], cwd=workdir, env=dict(_ENV, HOME=workdir),
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              preexec_fn=preexec, close_fds=True) as proc:
-            stdout, stderr, timed_out = _collect(proc, timeout)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    rc, last = (None if timed_out else proc.returncode), (stderr.strip().splitlines() or [""])[-1]
-    status = ("timeout" if timed_out else "ok" if rc == 0 else
+    stdout, stderr, rc = _launch(source, timeout, isolate=not network and NETWORK_ISOLATION, contain=CONTAINMENT,
+                                 drop=DROP_PRIVILEGES, limits=limits)
+    last = (stderr.strip().splitlines() or [""])[-1]
+    status = ("timeout" if rc is None else "ok" if rc == 0 else
               "killed" if rc < 0 or last.startswith(_RESOURCE_ERRORS) else "runtime_error")
     return RunResult(status, rc, stdout, stderr, time.perf_counter() - start)
 
