@@ -179,3 +179,13 @@ def test_contained_run_has_its_own_processes_and_working_directory_and_no_home()
         r = run_python(f"open({path!r}, 'w').write('x')")
         assert r.status == "runtime_error" and "Read-only file system" in r.stderr, (path, r)
         assert not os.path.exists(path)
+
+
+def test_check_program_needs_the_tests_to_finish():
+    tests = "def check(candidate):\n    assert candidate(2) == 5\n"
+    for early_exit in ("import sys\nsys.exit(0)", "import os\nos._exit(0)", "raise SystemExit"):
+        r = check_program(f"def f(x):\n    {early_exit.replace(chr(10), chr(10) + '    ')}\n", tests, entry_point="f")
+        assert r.status == "runtime_error" and r.returncode == 0, (early_exit, r)
+        assert "exited with code 0 before its tests finished" in r.stderr
+    r = check_program("import sys\ndef f(x):\n    sys.stderr.write('note\\n')\n    return 5\n", tests, entry_point="f")
+    assert (r.status, r.stderr) == ("ok", "note\n")  # the end-of-tests line is taken out again

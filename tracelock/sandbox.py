@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import pwd
 import resource
+import secrets
 import selectors
 import shutil
 import signal
@@ -32,7 +34,6 @@ import time
 import traceback
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 __all__ = ["RunResult", "run_python", "check_program", "check_many", "probe_isolation", "NETWORK_ISOLATION",
            "CONTAINMENT"]
@@ -60,7 +61,7 @@ _probe_lock, _compile_lock = threading.Lock(), threading.Lock()
 _HOME_LAYOUT: tuple[str | None, tuple[str, ...]] = (None, ())  # set by probe_isolation: see _home_layout
 
 
-@dataclass
+@dataclasses.dataclass
 class RunResult:
     """Outcome of one sandboxed run.
 
@@ -74,6 +75,11 @@ class RunResult:
     stdout: str
     stderr: str
     seconds: float
+
+    @property
+    def passed(self) -> bool:
+        """True when the program ran to completion with exit code 0 (pass@1 for a program that ends in its tests)."""
+        return self.status == "ok"
 
 
 def _check(rc: int, what: str) -> None:
@@ -342,12 +348,25 @@ def check_program(program: str, tests: str, *, entry_point: str | None = None, t
         timeout, **limits: as for ``run_python`` (cpu_seconds, memory_mb, max_processes, max_file_mb, network).
 
     Returns:
-        The RunResult; status "ok" means the program and every assert ran without error.
+        The RunResult; status "ok" means the program and every assert ran without error and the tests reached their
+        end: a program that exits with code 0 before that (``sys.exit(0)``, ``os._exit(0)``) is a "runtime_error".
+        The program shares its process with the tests, so this guards against mistakes, not against a program
+        written to fake a pass.
     """
     if entry_point is not None and not entry_point.isidentifier():
         raise ValueError(f"entry_point must be a Python identifier, got {entry_point!r}")
     call = f"\ncheck({entry_point})\n" if entry_point else ""
-    return run_python(f"{program}\n\n{tests}\n{call}", timeout=timeout, **limits)
+    # the last line of the run's stderr once the tests are through; fresh per run, so no program prints it by chance
+    done = f"[tracelock: tests finished {secrets.token_hex(8)}]"
+    epilogue = f"\nprint({done!r}, file=__import__('sys').stderr, flush=True)\n"
+    result = run_python(f"{program}\n\n{tests}\n{call}{epilogue}", timeout=timeout, **limits)
+    if result.status != "ok":
+        return result
+    if done in result.stderr:
+        return dataclasses.replace(result, stderr=result.stderr.replace(done + "\n", ""))
+    return dataclasses.replace(result, status="runtime_error",
+                               stderr=result.stderr + "[tracelock: the program exited with code 0 before its tests "
+                               "finished]\n")
 
 
 def check_many(jobs: list[tuple[str, str, str | None]], *, workers: int = 2, timeout: float = 5.0,
