@@ -1,0 +1,202 @@
+"""Hostile programs in the sandbox (issue 7): each is contained, each is reported as a failure, and afterwards the
+harness still runs programs and nothing is left behind. Real runs, no mocks; a case that needs a kernel feature this
+machine refuses (network isolation, containment) is skipped by name, never passed."""
+
+import contextlib
+import os
+import shutil
+import socket
+import tempfile
+import time
+
+import pytest
+
+from tracelock import sandbox
+from tracelock.eval.humaneval import humaneval_check, load_problems
+from tracelock.eval.sandboxed import run_sandboxed
+
+FEATURES = sandbox.probe_isolation()
+SECRET_ENV = "TRACELOCK_HOSTILE_SECRET"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# errors that mean "blocked": read-only tree (contained) or file permissions (a dropped user either way)
+BLOCKED = ("Read-only file system", "Permission denied")
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _live_pids_where(predicate) -> list[int]:
+    """Host pids of live (non-zombie) processes for which ``predicate(pid)`` holds."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+            if predicate(entry):
+                found.append(int(entry))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+def _cmdline_has(marker: str):
+    def predicate(pid: str) -> bool:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return marker.encode() in f.read()
+    return predicate
+
+
+def _cwd_under(folder: str):
+    def predicate(pid: str) -> bool:
+        return os.readlink(f"/proc/{pid}/cwd").startswith(folder + os.sep)
+    return predicate
+
+
+@pytest.fixture
+def run_folder(monkeypatch, tmp_path):  # tmp_path first: it must not land in the folder
+    """The runs' working directories go to a folder of this test's own, so leftovers can be counted exactly."""
+    folder = tempfile.mkdtemp(prefix="tracelock-hostile-runs-")
+    os.chmod(folder, 0o755)  # a run that is not contained must still reach its directory as nobody
+    monkeypatch.setattr(tempfile, "tempdir", folder)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def victims():
+    """A world-writable folder with a world-writable file: only containment, not permissions, protects them."""
+    folder = tempfile.mkdtemp(prefix="tracelock-hostile-victims-", dir="/tmp")
+    os.chmod(folder, 0o777)
+    path = os.path.join(folder, "victim.txt")
+    with open(path, "w") as f:
+        f.write("keep me")
+    os.chmod(path, 0o666)
+    yield folder, path
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_hostile_programs_are_contained_and_fail(run_folder, victims, tmp_path, monkeypatch):
+    secret = f"s3cret-{os.getpid()}-{time.monotonic_ns()}"
+    monkeypatch.setenv(SECRET_ENV, secret)
+    secret_file = tmp_path / "harness-secret.txt"  # root-only, in a root-only folder
+    secret_file.write_text(secret)
+    secret_file.chmod(0o600)
+    victim_folder, victim = victims
+    tag = f"tracelock-hostile-{os.getpid()}"
+    outside = {  # places outside the run's directory; none may gain a file
+        "/tmp": f"/tmp/{tag}", "a world-writable folder": os.path.join(victim_folder, tag),
+        "/var/tmp": f"/var/tmp/{tag}", "/dev/shm": f"/dev/shm/{tag}", "the repository": os.path.join(REPO, tag),
+        "the repository's parent (/work)": os.path.join(os.path.dirname(REPO), tag),
+        "$HOME": os.path.join(os.path.expanduser("~"), tag)}
+    sleep_mark = f"{time.monotonic_ns() % 10**6 + 3600}.5"  # a unique argument to find the daemon by
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    server.setblocking(False)
+    port = server.getsockname()[1]
+
+    # name -> (source, timeout_s, what it needs, fragments of which one must be in stderr, or None for a timeout)
+    cases = {
+        "fork bomb": ("import os\nwhile True:\n    os.fork()\n", 10, None, ("Resource temporarily unavailable",)),
+        "infinite loop": ("while True:\n    pass\n", 1, None, None),
+        "8 GB allocation": ("blocks = [bytearray(1 << 30) for _ in range(8)]\nprint('allocated')\n", 10, None,
+                            ("MemoryError",)),
+        "delete a file": (f"import os\nos.remove({victim!r})\n", 5, "containment", BLOCKED),
+        "delete a folder": (f"import shutil\nshutil.rmtree({victim_folder!r})\n", 5, "containment", BLOCKED),
+        "open a socket to the harness": (f"import socket\nsocket.create_connection(('127.0.0.1', {port}), 2)\n", 5,
+                                         "network", ("OSError",)),
+        "open a socket to the internet": ("import socket\nsocket.create_connection(('1.1.1.1', 53), 2)\n", 5,
+                                          "network", ("OSError",)),
+        "read the parent's environment variable": (f"import os\nprint(os.environ[{SECRET_ENV!r}])\n", 5, None,
+                                                   ("KeyError",)),
+        "read the harness's /proc environ": (f"print(open('/proc/{os.getpid()}/environ', 'rb').read())\n", 5, None,
+                                             ("No such file", "Permission denied")),
+        "read the parent's /proc environ": ("import os\nprint(open(f'/proc/{os.getppid()}/environ', 'rb').read())\n",
+                                            5, None, ("No such file", "Permission denied")),
+        "read a root-only file": (f"print(open({str(secret_file)!r}).read())\n", 5, "containment",
+                                  ("Permission denied",)),
+        "leave a daemon and hang": ("import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+                                    f"        os.execv({shutil.which('sleep')!r}, ['sleep', {sleep_mark!r}])\n"
+                                    "    os._exit(0)\nos.wait()\nwhile True:\n    pass\n", 2, "containment", None),
+    }
+    for where, path in outside.items():
+        cases[f"write to {where}"] = (f"open({path!r}, 'w').write('x')\n", 5, "containment"
+                                      if where in ("/tmp", "a world-writable folder", "/var/tmp", "/dev/shm")
+                                      else None, BLOCKED)
+
+    available = {None: True, "containment": FEATURES["containment"], "network": FEATURES["network_isolation"]}
+    targets = {f"write to {where}": path for where, path in outside.items()}
+    failures, statuses, skipped = {}, {}, []  # failures: case -> what went wrong
+    try:
+        for name, (source, timeout_s, needs, fragments) in cases.items():
+            if not available[needs]:
+                skipped.append(name)
+                continue
+            t0 = time.monotonic()
+            r = run_sandboxed(source, timeout_s=timeout_s, memory_mb=512)
+            statuses[name], wrong = r.status, []
+            if r.passed:
+                wrong.append(f"reported as {r.status}")
+            if fragments is None and r.status != "timeout" or fragments and not any(f in r.stderr for f in fragments):
+                wrong.append(f"not blocked as expected: {r.status} {r.stderr[-300:]!r}")
+            if secret in r.stdout + r.stderr:
+                wrong.append("the secret leaked")
+            if time.monotonic() - t0 > timeout_s + 3:
+                wrong.append(f"took {time.monotonic() - t0:.1f} s for a {timeout_s} s timeout")
+            if name in targets and os.path.lexists(targets[name]):
+                wrong.append(f"a file escaped to {targets[name]}")
+            if not os.path.isfile(victim) or _read(victim) != "keep me":
+                wrong.append("the victim file was changed or deleted")
+            if wrong:
+                failures[name] = wrong
+    finally:
+        with contextlib.suppress(BlockingIOError):
+            server.accept()[0].close()
+            failures.setdefault("open a socket to the harness", []).append("the loopback server got a connection")
+        server.close()
+        for path in outside.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+    # the harness and the machine keep working, and nothing is left behind
+    assert run_sandboxed("print(sum(range(10)))", timeout_s=10, memory_mb=512).stdout == "45\n"
+    problem = load_problems()[0]
+    assert humaneval_check(problem, problem["canonical_solution"])
+    deadline = time.monotonic() + 3
+    while (strays := _live_pids_where(_cwd_under(run_folder)) + _live_pids_where(_cmdline_has(sleep_mark))) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print(f"\nhostile programs: {len(statuses)} run, {len(statuses) - len(failures)} contained, "
+          f"{sum(s != 'ok' for s in statuses.values())} reported as failures "
+          f"({', '.join(f'{n}: {s}' for n, s in statuses.items())}); stray processes {len(strays)}, "
+          f"stray files {len(os.listdir(run_folder))}; skipped (not permitted here) {skipped or 'none'}")
+    assert failures == {}
+    assert strays == [] and os.listdir(run_folder) == []
+    assert len(statuses) + len(skipped) == len(cases) == 19
+    assert all(s != "ok" for s in statuses.values())
+
+
+@pytest.mark.skipif(not FEATURES["containment"], reason="private mount/PID namespaces are not permitted here")
+def test_signalling_everything_reaches_only_its_own_run():
+    """kill(-1) as nobody would hit every run of that user; contained, a concurrent run does not notice."""
+    jobs = [("import os, time\ntime.sleep(0.3)\nos.kill(-1, 9)\n", "", None),
+            ("import time\ntime.sleep(1.5)\nprint('survived')\n", "", None)]
+    killer, victim = sandbox.check_many(jobs, workers=2, timeout=10)
+    assert killer.status == "runtime_error" and "ProcessLookupError" in killer.stderr, killer  # nobody to signal
+    assert (victim.status, victim.stdout) == ("ok", "survived\n")
+
+
+@pytest.mark.skipif(not FEATURES["containment"], reason="private mount/PID namespaces are not permitted here")
+def test_a_daemon_dies_with_a_run_that_exits_normally():
+    mark = f"{time.monotonic_ns() % 10**6 + 7200}.25"
+    src = ("import os\nif os.fork() == 0:\n    os.setsid()\n    os.chdir('/')\n    if os.fork() == 0:\n"
+           f"        os.execv({shutil.which('sleep')!r}, ['sleep', {mark!r}])\n    os._exit(0)\nos.wait()\n")
+    r = run_sandboxed(src, timeout_s=5, memory_mb=512)
+    assert r.status == "ok", r
+    deadline = time.monotonic() + 3
+    while _live_pids_where(_cmdline_has(mark)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _live_pids_where(_cmdline_has(mark)) == []
