@@ -12,6 +12,7 @@ SUBCOMMAND_MODULES = (
     "tracelock.train.cli",
     "tracelock.testbed.ar_calibration",
     "tracelock.eval.report",
+    "tracelock.eval.cli",
 )
 
 

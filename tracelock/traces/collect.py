@@ -212,27 +212,17 @@ def _summarize(out: Path, num_items: int, settings: dict, world_size: int) -> di
 
 def run_collect(args) -> int:
     """The CLI: reads torchrun's RANK / WORLD_SIZE / LOCAL_RANK, initialises gloo only when WORLD_SIZE > 1."""
+    from tracelock.distributed import torchrun_group
     from tracelock.generate_cli import parse_policy_args
 
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    device = args.device
-    if device == "cuda" and world > 1:
-        device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"
     filters = FilterConfig(min_tokens=args.min_tokens, run_tests=not args.no_tests, enabled=not args.no_filters)
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo")
-    try:
+    with torchrun_group(args.device) as (rank, world, device):
         summary = collect(args.model, args.prompts, args.out, num=args.num, gen_length=args.gen_length,
                           block=args.block, window=args.window, policy=args.policy,
                           policy_args=parse_policy_args(args.policy_arg), fraction=args.fraction,
                           keep_confidence=args.confidence, stop_at_eot=args.stop_at_eot, batch_size=args.batch_size,
                           seed=args.seed, shard_size=args.shard_size, filters=filters, rank=rank, world_size=world,
                           dtype=args.dtype, device=device)
-    finally:
-        if world > 1:
-            dist.destroy_process_group()
     if summary is not None:
         print(f"collected {summary['kept']} traces of {summary['decoded']} decoded items "
               f"(filtered: {summary['filtered'] or 'none'}), {summary['bytes_per_trace'] or 0:.0f} bytes per trace, "

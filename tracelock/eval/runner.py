@@ -1,0 +1,350 @@
+"""`tracelock eval`: every policy on the same prompts, per setting, with per-item results and traces on disk.
+
+Layout of a run folder (what `tracelock report` reads)::
+
+    manifest.json                       task, model, policies, settings, n, seed, versions
+    summary.json, summary.csv           one row per (setting, policy): metric, average steps, seconds per item
+    runs/<setting>/<policy>/items-rank<r>.jsonl    one line per item: id, correct, steps, seconds, completion, tokens
+    runs/<setting>/<policy>/traces/     the canonical trace store of those decodes (every step, with confidence)
+
+Resumable: an item is done once its line is in the JSONL, which is appended (and fsynced) only after the batch's
+traces are on disk; a torn last line from a crash is ignored and that item decoded again. Under torchrun, rank r
+of K takes items r, r + K, ... and writes its own files; rank 0 merges them after a barrier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tracelock.atomic import atomic_write_json, atomic_write_text
+
+__all__ = ["PolicySpec", "Setting", "parse_policies", "parse_settings", "run_eval", "read_items", "format_table"]
+
+
+def slug(text: str) -> str:
+    """A folder name for a label: lower case, runs of other characters as one '-'."""
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")
+
+
+@dataclass
+class PolicySpec:
+    """One policy of the comparison. ``name`` "oracle" replays the first policy's final tokens (`OraclePolicy`)."""
+
+    label: str
+    name: str
+    args: dict = field(default_factory=dict)
+
+    @property
+    def slug(self) -> str:
+        return slug(self.label)
+
+
+@dataclass
+class Setting:
+    gen_length: int
+    width: int  # block size, or window size for a windowed policy
+
+    @property
+    def label(self) -> str:
+        return f"{self.gen_length}/{self.width}"
+
+    @property
+    def slug(self) -> str:
+        return f"{self.gen_length}-{self.width}"
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_policies(text: str) -> list[PolicySpec]:
+    """``name[:key=value[:key=value]]`` comma-separated, e.g. ``confidence,threshold:tau=0.9,tracelock,oracle``."""
+    from tracelock.policies import POLICIES
+
+    specs = []
+    for token in (t.strip() for t in text.split(",")):
+        if not token:
+            continue
+        name, *pairs = token.split(":")
+        if name not in POLICIES and name != "oracle":
+            raise ValueError(f"--policies: {name!r} is not a policy; known: {', '.join(sorted(POLICIES))}, oracle")
+        args = {}
+        for pair in pairs:
+            key, eq, value = pair.partition("=")
+            if not eq or not key:
+                raise ValueError(f"--policies: {pair!r} in {token!r} must look like key=value, e.g. threshold:tau=0.9")
+            args[key] = _value(value)
+        specs.append(PolicySpec(token, name, args))
+    if not specs:
+        raise ValueError("--policies names no policy; e.g. --policies confidence,threshold:tau=0.9")
+    if specs[0].name == "oracle":
+        raise ValueError("--policies: oracle replays the first policy's tokens, so it cannot come first")
+    if len({s.slug for s in specs}) != len(specs):
+        raise ValueError(f"--policies repeats a policy: {text!r}")
+    return specs
+
+
+def parse_settings(text: str) -> list[Setting]:
+    """``GEN/WIDTH`` comma-separated, e.g. ``128/32,256/64``."""
+    out = []
+    for token in (t.strip() for t in text.split(",")):
+        m = re.fullmatch(r"(\d+)/(\d+)", token)
+        if not m or int(m[2]) < 1 or int(m[1]) < 1:
+            raise ValueError(f"--settings: {token!r} must look like GEN/WIDTH, e.g. 128/32")
+        out.append(Setting(int(m[1]), int(m[2])))
+    if not out:
+        raise ValueError("--settings names no setting; e.g. --settings 64/16,128/32")
+    return out
+
+
+def schedule_of(policy: PolicySpec, setting: Setting, schedule: str) -> dict:
+    """``block=`` or ``window=`` for a policy: TraceLock decodes in a sliding window and the baselines in
+    semi-AR blocks (the paper's protocol) unless ``schedule`` forces one for all."""
+    kind = schedule if schedule != "auto" else ("window" if policy.name == "tracelock" else "block")
+    return {kind: setting.width}
+
+
+def read_items(path: Path) -> dict:
+    """{id: record} of an items JSONL; a torn last line (a crash mid-append) is dropped, a later line wins."""
+    out = {}
+    if not path.exists():
+        return out
+    lines = path.read_text().split("\n")
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if n >= len(lines) - 1:  # the last line: a torn append
+                break
+            raise ValueError(f"{path}:{n} is not valid JSON; delete the file to decode its items again") from None
+        out[rec["id"]] = rec
+    return out
+
+
+def _append_lines(path: Path, records: list) -> None:
+    with open(path, "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in records))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _ensure_trailing_newline(path: Path) -> None:
+    """Cut a torn last line so the next append starts a fresh one."""
+    if path.exists():
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            path.write_bytes(data[:data.rfind(b"\n") + 1])
+
+
+def _oracle_reference(spec, prompts, finals):
+    """[B, P + G] reference canvases in `fused_generate`'s left-padded layout of ``prompts``."""
+    import torch
+
+    P = max(map(len, prompts))
+    return torch.tensor([[spec.pad_id] * (P - len(p)) + list(p) + list(f) for p, f in zip(prompts, finals)])
+
+
+def _decode_chunk(model, policy, prompts, gen_length, sched, seed, metas, controller_file):
+    """(traces, seconds per item) of one batch; with ``controller_file`` also the controller's per-step scores
+    and thresholds (`tracelock.eval.diagnostics.ControllerStepRecorder`), written there before returning."""
+    from tracelock.eval.diagnostics import ControllerStepRecorder, write_controller_steps
+    from tracelock.generate import fused_generate
+    from tracelock.traces.recorder import TraceRecorder
+
+    traces_rec = TraceRecorder(model.spec, prompts, gen_length, keep_confidence=True, seed=seed)
+    scores = ControllerStepRecorder(policy, gen_length, [m["id"] for m in metas]) if controller_file else None
+    with scores or contextlib.nullcontext():
+        observer = traces_rec if scores is None else (lambda step: (traces_rec(step), scores(step)))
+        canvas, stats = fused_generate(model, prompts, policy=policy, gen_length=gen_length, seed=seed,
+                                       observer=observer, **sched)
+    if scores is not None:
+        write_controller_steps(controller_file, scores)
+    metas = [dict(m, gen_length=gen_length, seed=seed, family=model.spec.family) for m in metas]
+    return traces_rec.traces(canvas, metas), stats.seconds / len(prompts)
+
+
+def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, rank, batch_size, seed, schedule,
+                   controller, first_folder, workers, progress):
+    """Decode this rank's not-yet-done ``items`` with one policy at one setting; append results and traces."""
+    from tracelock.policies import make_policy
+    from tracelock.policies.oracle import OraclePolicy
+    from tracelock.text import decode_answer, encode_prompt
+    from tracelock.traces.store import TraceWriter
+
+    folder.mkdir(parents=True, exist_ok=True)
+    items_path = folder / f"items-rank{rank}.jsonl"
+    _ensure_trailing_newline(items_path)
+    done = read_items(items_path)
+    todo = [it for it in items if it.id not in done]
+    if not todo:
+        return
+    writer = TraceWriter(folder / "traces", prefix=f"rank{rank}", shard_size=max(batch_size, 1))
+    in_store = writer.done_ids()
+    reference = read_items(first_folder / f"items-rank{rank}.jsonl") if policy.name == "oracle" else None
+    sched = schedule_of(policy, setting, schedule)
+    for start in range(0, len(todo), batch_size):
+        chunk = todo[start:start + batch_size]
+        prompts = [encode_prompt(tokenizer, it.prompt) for it in chunk]
+        if policy.name == "oracle":
+            pol = OraclePolicy(_oracle_reference(model.spec, prompts, [reference[it.id]["tokens"] for it in chunk]))
+        elif policy.name == "tracelock":
+            pol = make_policy("tracelock", **{"controller": controller, "model": model, **policy.args})
+        else:
+            pol = make_policy(policy.name, **policy.args)
+        scores_file = (folder / f"controller_steps-rank{rank}-{len(done) + start:05d}.safetensors"
+                       if policy.name == "tracelock" else None)
+        metas = [dict(id=it.id, policy=policy.label, setting=setting.label, **sched) for it in chunk]
+        traces, seconds = _decode_chunk(model, pol, prompts, setting.gen_length, sched, seed, metas, scores_file)
+        completions = [decode_answer(tokenizer, t.final.tolist(), model.spec.end_ids) for t in traces]
+        correct = task.score(chunk, completions, workers=workers)
+        for t in traces:
+            if t.meta["id"] not in in_store:
+                writer.add(t)
+        writer.flush()  # traces first: an item is done only once its line is appended below
+        _append_lines(items_path, [dict(id=it.id, correct=c, steps=int(t.num_steps), seconds=seconds,
+                                        completion=text, tokens=t.final.tolist())
+                                   for it, t, text, c in zip(chunk, traces, completions, correct)])
+        if progress:
+            progress(len(chunk))
+    writer.close(write_index=False)
+
+
+def _merge_folder(folder: Path, world_size: int) -> list:
+    """All ranks' item records of one (setting, policy), and the trace store's index."""
+    from tracelock.traces.store import build_index
+
+    records = {}
+    for r in range(world_size):
+        records.update(read_items(folder / f"items-rank{r}.jsonl"))
+    if (folder / "traces").exists():
+        build_index(folder / "traces")
+    return list(records.values())
+
+
+def summarize(records: list, setting: Setting, policy: PolicySpec, metric_name: str) -> dict:
+    scored = [r["correct"] for r in records if r["correct"] is not None]
+    n = len(records)
+    return dict(setting=setting.label, policy=policy.label, metric_name=metric_name,
+                metric=sum(scored) / len(scored) if scored else None, n=n,
+                avg_steps=sum(r["steps"] for r in records) / n if n else None,
+                seconds_per_item=sum(r["seconds"] for r in records) / n if n else None)
+
+
+def format_table(rows: list, settings: list, policies: list, metric_name: str) -> str:
+    """The paper-style table: one row per policy, ``metric / avg steps`` per setting."""
+    cells = {(r["setting"], r["policy"]): r for r in rows}
+    header = ["policy"] + [f"{s.label} {metric_name} / steps" for s in settings]
+    lines = [header]
+    for p in policies:
+        line = [p.label]
+        for s in settings:
+            r = cells.get((s.label, p.label))
+            if r is None or r["metric"] is None:
+                line.append("-" if r is None else f"unjudged / {r['avg_steps']:.1f}")
+            else:
+                value = f"{100 * r['metric']:.1f}" if metric_name != "avg rank" else f"{r['metric']:.2f}"
+                line.append(f"{value} / {r['avg_steps']:.1f}")
+        lines.append(line)
+    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+    fmt = lambda row: "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"  # noqa: E731
+    return "\n".join([fmt(lines[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [fmt(r) for r in lines[1:]])
+
+
+def _write_summary(out: Path, rows: list) -> None:
+    atomic_write_json(out / "summary.json", dict(rows=rows))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=["setting", "policy", "metric_name", "metric", "avg_steps",
+                                             "seconds_per_item", "n"])
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(out / "summary.csv", buf.getvalue())
+
+
+def _check_manifest(out: Path, manifest: dict) -> None:
+    """A resumed run must ask for what the folder holds."""
+    path = out / "manifest.json"
+    if not path.exists():
+        atomic_write_json(path, manifest)
+        return
+    old = json.loads(path.read_text())
+    keys = ("task", "model", "model_fingerprint", "n", "seed", "schedule", "controller")
+    changed = [k for k in keys if old.get(k) != manifest.get(k)]
+    if changed:
+        raise ValueError(f"{out} holds a run with other {', '.join(changed)} "
+                         f"({', '.join(f'{k}={old.get(k)!r}' for k in changed)}); pass another --out or the same "
+                         "arguments to resume it")
+    # policies and settings may grow between runs: the manifest lists the union, in first-seen order
+    for key in ("policies", "settings"):
+        known = {json.dumps(x, sort_keys=True) for x in old[key]}
+        old[key] += [x for x in manifest[key] if json.dumps(x, sort_keys=True) not in known]
+    atomic_write_json(path, old)
+
+
+def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *, n=None, seed=0, batch_size=32,
+             schedule="auto", controller=None, rank=0, world_size=1, dtype="float32", device="cpu", workers=2,
+             progress=None) -> list | None:
+    """Decode ``task_spec``'s first ``n`` items with every policy at every setting into ``out``.
+
+    Returns the summary rows on rank 0 (None elsewhere). Judged tasks (QA) get their metric from
+    `tracelock.eval.judge` afterwards; their rows hold ``metric=None`` until then.
+    """
+    import torch
+
+    from tracelock.eval.tasks import make_task
+    from tracelock.models import load_model, load_tokenizer
+    from tracelock.traces.collect import model_fingerprint
+
+    if schedule not in ("auto", "block", "window"):
+        raise ValueError(f"schedule={schedule!r} must be auto, block or window")
+    if any(p.name == "tracelock" for p in policies) and controller is None:
+        raise ValueError("a tracelock policy needs --controller DIR (a `tracelock train --out` folder)")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size {batch_size} must be >= 1")
+    out = Path(out)
+    task = make_task(task_spec, seed=seed)
+    items = task.items(n)
+    manifest = dict(task=task_spec, metric_name=task.metric_name, model=str(model_path),
+                    model_fingerprint=model_fingerprint(model_path), n=len(items), seed=seed, schedule=schedule,
+                    controller=None if controller is None else str(controller), dtype=dtype,
+                    policies=[dict(label=p.label, slug=p.slug, name=p.name, args=p.args,
+                                   schedule=next(iter(schedule_of(p, settings[0], schedule)))) for p in policies],
+                    settings=[dict(label=s.label, slug=s.slug, gen_length=s.gen_length, width=s.width)
+                              for s in settings],
+                    versions=dict(torch=torch.__version__))
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        _check_manifest(out, manifest)
+    if world_size > 1:
+        torch.distributed.barrier()
+    model = load_model(model_path, dtype=getattr(torch, dtype), device=device)
+    tokenizer = load_tokenizer(model_path)
+    mine = items[rank::world_size]
+    for setting in settings:
+        for policy in policies:
+            folder = out / "runs" / setting.slug / policy.slug
+            if progress:
+                progress(f"{setting.label} {policy.label}")
+            _decode_policy(model, tokenizer, task, mine, policy, setting, folder, rank=rank, batch_size=batch_size,
+                           seed=seed, schedule=schedule, controller=controller, workers=workers,
+                           first_folder=out / "runs" / setting.slug / policies[0].slug, progress=None)
+    if world_size > 1:
+        torch.distributed.barrier()
+    if rank != 0:
+        return None
+    rows = [summarize(_merge_folder(out / "runs" / s.slug / p.slug, world_size), s, p, task.metric_name)
+            for s in settings for p in policies]
+    _write_summary(out, rows)
+    return rows
+

