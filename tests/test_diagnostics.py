@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import tracelock
-from tracelock.controller import Controller, ControllerConfig, controller_fingerprint
 from tracelock.eval.diagnostics import (
     GRID_DIFFERENT,
     GRID_MASKED,
@@ -26,10 +25,9 @@ from tracelock.eval.diagnostics import (
     trace_grid,
     write_controller_steps,
 )
-from tracelock.features import LinearEncoder, TapEncoder, backbone_fingerprint
 from tracelock.models import write_tiny_checkpoint
 from tracelock.policies.tracelock import TraceLockPolicy
-from tracelock.testing import random_prompts
+from tracelock.testing import fresh_controller, random_prompts
 from tracelock.traces.recorder import TraceRecorder
 from tracelock.traces.trace import Trace
 
@@ -164,13 +162,8 @@ def model(tmp_path_factory):
 
 def _policy(model, theta=0.6):
     """A TraceLock policy with a freshly initialised controller on PCA encoders of random samples."""
-    g = torch.Generator().manual_seed(0)
-    samples = torch.randn(256, model.spec.hidden_size, generator=g)
-    enc = TapEncoder(LinearEncoder.fit_pca(samples, 8), LinearEncoder.fit_pca(samples, 4), backbone_fingerprint(model))
-    torch.manual_seed(2)
-    cfg = ControllerConfig(code_dim=enc.code_dim, groups=enc.groups, width=32, layers=1, heads=2, ffn=48,
-                           dropout=0.0, confidence_input=True, fingerprint=controller_fingerprint(model, enc))
-    return TraceLockPolicy(Controller(cfg).eval(), enc, theta=theta)
+    controller, enc = fresh_controller(model)
+    return TraceLockPolicy(controller, enc, theta=theta)
 
 
 def test_recorder_on_a_real_tracelock_decode(model, tmp_path):

@@ -7,16 +7,13 @@ import struct
 
 import numpy as np
 import pytest
-import torch
 
 import tracelock
 from tracelock.cli import main
-from tracelock.controller import Controller, ControllerConfig, controller_fingerprint
 from tracelock.eval.diagnostics import ControllerStepRecorder, divergence_over_items, write_controller_steps
 from tracelock.eval.report import summary_table, write_report
-from tracelock.features import LinearEncoder, TapEncoder, backbone_fingerprint
 from tracelock.models import write_tiny_checkpoint
-from tracelock.testing import random_prompts
+from tracelock.testing import fresh_controller, random_prompts
 from tracelock.traces.recorder import TraceRecorder, record
 from tracelock.traces.store import TraceWriter, iter_traces
 
@@ -31,13 +28,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _tracelock_policy(model):
-    g = torch.Generator().manual_seed(0)
-    samples = torch.randn(256, model.spec.hidden_size, generator=g)
-    enc = TapEncoder(LinearEncoder.fit_pca(samples, 8), LinearEncoder.fit_pca(samples, 4), backbone_fingerprint(model))
-    torch.manual_seed(2)
-    cfg = ControllerConfig(code_dim=enc.code_dim, groups=enc.groups, width=32, layers=1, heads=2, ffn=48,
-                           dropout=0.0, confidence_input=True, fingerprint=controller_fingerprint(model, enc))
-    return tracelock.policies.tracelock.TraceLockPolicy(Controller(cfg).eval(), enc, theta=0.6)
+    controller, enc = fresh_controller(model)
+    return tracelock.policies.tracelock.TraceLockPolicy(controller, enc, theta=0.6)
 
 
 def _decode(model, prompts, ids, policy, setting, folder):

@@ -93,3 +93,22 @@ def random_prompts(model, lengths=(9, 5, 12), seed: int = 7) -> list:
         ids = torch.randint(0, 400, (n,), generator=g)
         out.append(ids.masked_fill(ids == model.spec.mask_id, 1).tolist())
     return out
+
+
+def fresh_controller(model, *, seed: int = 2, folder=None):
+    """(Controller, TapEncoder): a freshly initialised small controller on PCA encoders of random hidden states,
+    for tests that need a TraceLock policy without training one. With ``folder``, both are saved there the way
+    `tracelock train --out` does (best.safetensors + encoder files), so the folder works as ``--controller``."""
+    from tracelock.controller import Controller, ControllerConfig, controller_fingerprint
+    from tracelock.features import LinearEncoder, TapEncoder, backbone_fingerprint
+
+    samples = torch.randn(256, model.spec.hidden_size, generator=torch.Generator().manual_seed(0))
+    enc = TapEncoder(LinearEncoder.fit_pca(samples, 8), LinearEncoder.fit_pca(samples, 4), backbone_fingerprint(model))
+    torch.manual_seed(seed)
+    cfg = ControllerConfig(code_dim=enc.code_dim, groups=enc.groups, width=32, layers=1, heads=2, ffn=48,
+                           dropout=0.0, confidence_input=True, fingerprint=controller_fingerprint(model, enc))
+    controller = Controller(cfg).eval()
+    if folder is not None:
+        controller.save(Path(folder) / "best.safetensors")
+        enc.save(folder)
+    return controller, enc

@@ -9,7 +9,7 @@ def run_eval_cli(args) -> int:
 
     policies, settings = parse_policies(args.policies), parse_settings(args.settings)
     with torchrun_group(args.device) as (rank, world, device):
-        rows = run_eval(args.model, args.task, policies, settings, args.out, n=args.n, seed=args.seed,
+        rows = run_eval(args.model, args.task, policies, settings, args.out, n=args.limit, seed=args.seed,
                         batch_size=args.batch_size, schedule=args.schedule, controller=args.controller, rank=rank,
                         world_size=world, dtype=args.dtype, device=device, workers=args.workers,
                         progress=lambda what: print(f"  {what}", file=sys.stderr, flush=True))
@@ -32,7 +32,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--controller", help="a `tracelock train --out` folder, for the tracelock policy")
     p.add_argument("--schedule", default="auto", choices=["auto", "block", "window"],
                    help="auto: tracelock in a sliding window, the others in semi-AR blocks (the paper's protocol)")
-    p.add_argument("--n", type=int, help="the task's first N items (required for testbed tasks)")
+    p.add_argument("--limit", type=int, help="the task's first N items (required for testbed tasks; not --num, which "
+                                             "torchrun's own parser would take for --numa-binding)")
     p.add_argument("--out", required=True, help="run folder (re-running with the same arguments resumes)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)

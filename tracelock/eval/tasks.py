@@ -73,7 +73,7 @@ def _read_jsonl(path: Path, arg: str) -> list[dict]:
 
 def _first(rows: list, n: int | None) -> list:
     if n is not None and n < 1:
-        raise ValueError(f"--n {n} must be >= 1 (or omitted for every item)")
+        raise ValueError(f"--limit {n} must be >= 1 (or omitted for every item)")
     return rows[:n] if n else rows
 
 
@@ -165,7 +165,7 @@ class TestbedTask(Task):
         from tracelock.testbed.tasks import held_out
 
         if n is None or n < 1:
-            raise ValueError(f"--n {n} must be >= 1 for a testbed task: how many held-out test items to draw")
+            raise ValueError(f"--limit {n} must be >= 1 for a testbed task: how many held-out test items to draw")
         return [EvalItem(f"{self.task}:test:{self.seed}:{i}", ex.prompt, ex)
                 for i, ex in enumerate(held_out(self.task, "test", n, seed=self.seed))]
 

@@ -236,7 +236,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--prompts", required=True,
                    help='testbed:math, testbed:math,code, testbed:math@validation (train split by default), '
                         'or a JSONL file of {"prompt": ..., "id": optional}')
-    p.add_argument("--num", type=int, help="items per testbed task (required there); first N lines of a JSONL")
+    p.add_argument("--num", "--limit", type=int, dest="num", help="items per testbed task (required there); first N "
+                   "lines of a JSONL (spell it --limit under torchrun, whose parser takes --num for --numa-binding)")
     p.add_argument("--out", required=True, help="store folder (re-running with the same arguments resumes)")
     p.add_argument("--gen-length", type=int, default=64)
     sched = p.add_mutually_exclusive_group()
