@@ -13,6 +13,7 @@ SUBCOMMAND_MODULES = (
     "tracelock.testbed.ar_calibration",
     "tracelock.eval.report",
     "tracelock.eval.cli",
+    "tracelock.eval.paper_tables",
 )
 
 

@@ -45,6 +45,11 @@ class PolicySpec:
     def slug(self) -> str:
         return slug(self.label)
 
+    @property
+    def policy_args(self) -> dict:
+        """The policy's own keyword arguments (without the runner's ``schedule``)."""
+        return {k: v for k, v in self.args.items() if k != "schedule"}
+
 
 @dataclass
 class Setting:
@@ -68,7 +73,11 @@ def _value(text: str):
 
 
 def parse_policies(text: str) -> list[PolicySpec]:
-    """``name[:key=value[:key=value]]`` comma-separated, e.g. ``confidence,threshold:tau=0.9,tracelock,oracle``."""
+    """``name[:key=value[:key=value]]`` comma-separated, e.g. ``confidence,threshold:tau=0.9,tracelock,oracle``.
+
+    ``schedule=block|window|full`` is the runner's, not the policy's: e.g. ``tracelock:schedule=full`` is TraceLock
+    without soft-crop (every generation position in one region).
+    """
     from tracelock.policies import POLICIES
 
     specs = []
@@ -84,6 +93,8 @@ def parse_policies(text: str) -> list[PolicySpec]:
             if not eq or not key:
                 raise ValueError(f"--policies: {pair!r} in {token!r} must look like key=value, e.g. threshold:tau=0.9")
             args[key] = _value(value)
+        if args.get("schedule", "block") not in ("block", "window", "full"):
+            raise ValueError(f"--policies: schedule={args['schedule']!r} in {token!r} must be block, window or full")
         specs.append(PolicySpec(token, name, args))
     if not specs:
         raise ValueError("--policies names no policy; e.g. --policies confidence,threshold:tau=0.9")
@@ -107,11 +118,21 @@ def parse_settings(text: str) -> list[Setting]:
     return out
 
 
+def schedule_kind(policy: PolicySpec, schedule: str) -> str:
+    """"block", "window" or "full" (the whole generation region, no soft-crop) for a policy.
+
+    TraceLock decodes in a sliding window and the baselines in semi-AR blocks (the paper's protocol) unless
+    ``schedule`` forces one for all; a policy's own ``schedule=`` argument wins over both.
+    """
+    if "schedule" in policy.args:
+        return policy.args["schedule"]
+    return schedule if schedule != "auto" else ("window" if policy.name == "tracelock" else "block")
+
+
 def schedule_of(policy: PolicySpec, setting: Setting, schedule: str) -> dict:
-    """``block=`` or ``window=`` for a policy: TraceLock decodes in a sliding window and the baselines in
-    semi-AR blocks (the paper's protocol) unless ``schedule`` forces one for all."""
-    kind = schedule if schedule != "auto" else ("window" if policy.name == "tracelock" else "block")
-    return {kind: setting.width}
+    """The ``block=`` / ``window=`` keyword of `fused_generate` for a policy at a setting (none for "full")."""
+    kind = schedule_kind(policy, schedule)
+    return {} if kind == "full" else {kind: setting.width}
 
 
 def read_items(path: Path) -> dict:
@@ -181,18 +202,19 @@ def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, ra
     from tracelock.policies import make_policy
     from tracelock.policies.oracle import OraclePolicy
     from tracelock.text import decode_answer, encode_prompt
-    from tracelock.traces.store import TraceWriter
+    from tracelock.traces.store import TraceWriter, done_records
 
     folder.mkdir(parents=True, exist_ok=True)
     items_path = folder / f"items-rank{rank}.jsonl"
     _ensure_trailing_newline(items_path)
-    done = read_items(items_path)
+    done = _folder_items(folder)  # every rank's: a resume may run with another world size
     todo = [it for it in items if it.id not in done]
     if not todo:
         return
     writer = TraceWriter(folder / "traces", prefix=f"rank{rank}", shard_size=max(batch_size, 1))
-    in_store = writer.done_ids()
-    reference = read_items(first_folder / f"items-rank{rank}.jsonl") if policy.name == "oracle" else None
+    in_store = writer.done_ids() | {i for rec in done_records(folder / "traces").values()
+                                    for i in [*rec["skipped"], *(j for e in rec["shards"] for j in e["ids"])]}
+    reference = _folder_items(first_folder) if policy.name == "oracle" else None
     sched = schedule_of(policy, setting, schedule)
     for start in range(0, len(todo), batch_size):
         chunk = todo[start:start + batch_size]
@@ -200,9 +222,9 @@ def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, ra
         if policy.name == "oracle":
             pol = OraclePolicy(_oracle_reference(model.spec, prompts, [reference[it.id]["tokens"] for it in chunk]))
         elif policy.name == "tracelock":
-            pol = make_policy("tracelock", **{"controller": controller, "model": model, **policy.args})
+            pol = make_policy("tracelock", **{"controller": controller, "model": model, **policy.policy_args})
         else:
-            pol = make_policy(policy.name, **policy.args)
+            pol = make_policy(policy.name, **policy.policy_args)
         scores_file = (folder / f"controller_steps-rank{rank}-{len(done) + start:05d}.safetensors"
                        if policy.name == "tracelock" else None)
         metas = [dict(id=it.id, policy=policy.label, setting=setting.label, **sched) for it in chunk]
@@ -221,22 +243,24 @@ def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, ra
     writer.close(write_index=False)
 
 
-def _merge_folder(folder: Path, world_size: int) -> list:
-    """All ranks' item records of one (setting, policy), and the trace store's index."""
+def _folder_items(folder: Path) -> dict:
+    """{id: record} over every rank's items JSONL of one (setting, policy) folder."""
+    records = {}
+    for path in sorted(folder.glob("items-rank*.jsonl")):
+        records.update(read_items(path))
+    return records
+
+
+def summarize(folder: Path, setting: str, policy: str, metric_name: str) -> dict:
+    """The summary row of one (setting, policy) folder (and its trace store's index, rebuilt over every rank)."""
     from tracelock.traces.store import build_index
 
-    records = {}
-    for r in range(world_size):
-        records.update(read_items(folder / f"items-rank{r}.jsonl"))
     if (folder / "traces").exists():
         build_index(folder / "traces")
-    return list(records.values())
-
-
-def summarize(records: list, setting: Setting, policy: PolicySpec, metric_name: str) -> dict:
+    records = list(_folder_items(folder).values())
     scored = [r["correct"] for r in records if r["correct"] is not None]
     n = len(records)
-    return dict(setting=setting.label, policy=policy.label, metric_name=metric_name,
+    return dict(setting=setting, policy=policy, metric_name=metric_name,
                 metric=sum(scored) / len(scored) if scored else None, n=n,
                 avg_steps=sum(r["steps"] for r in records) / n if n else None,
                 seconds_per_item=sum(r["seconds"] for r in records) / n if n else None)
@@ -319,7 +343,7 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
                     model_fingerprint=model_fingerprint(model_path), n=len(items), seed=seed, schedule=schedule,
                     controller=None if controller is None else str(controller), dtype=dtype,
                     policies=[dict(label=p.label, slug=p.slug, name=p.name, args=p.args,
-                                   schedule=next(iter(schedule_of(p, settings[0], schedule)))) for p in policies],
+                                   schedule=schedule_kind(p, schedule)) for p in policies],
                     settings=[dict(label=s.label, slug=s.slug, gen_length=s.gen_length, width=s.width)
                               for s in settings],
                     versions=dict(torch=torch.__version__))
@@ -343,8 +367,13 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
         torch.distributed.barrier()
     if rank != 0:
         return None
-    rows = [summarize(_merge_folder(out / "runs" / s.slug / p.slug, world_size), s, p, task.metric_name)
-            for s in settings for p in policies]
+    # summary.json covers every (setting, policy) the folder holds, also those of earlier calls
+    manifest = json.loads((out / "manifest.json").read_text())
+    rows = [summarize(out / "runs" / s["slug"] / p["slug"], s["label"], p["label"], task.metric_name)
+            for s in manifest["settings"] for p in manifest["policies"]
+            if (out / "runs" / s["slug"] / p["slug"]).exists()]
     _write_summary(out, rows)
+    wanted = {(s.label, p.label) for s in settings for p in policies}
+    rows = [r for r in rows if (r["setting"], r["policy"]) in wanted]
     return rows
 

@@ -1,0 +1,172 @@
+"""`tracelock paper-tables`: the paper's main, generalisation and deployment-ablation tables in one command.
+
+For each task, one `tracelock eval` run folder (resumable; `tracelock report` draws its plots) holds:
+
+- main table: random, confidence (one token per step), Fast-dLLM threshold 0.9, Learn2PD where the package has
+  it, and TraceLock, at every generation length x width (the paper's Table "main results");
+- generalisation: the same policies deployed at width G/4 and at the larger G/2 without retraining (the paper's
+  "original block/window -> larger" table);
+- deployment ablation at width G/4: TraceLock full, without soft-crop (the whole generation region), without the
+  dynamic threshold (a static threshold logit, 0 by default: commit when sigmoid(a) > theta), without both.
+
+Baselines decode in semi-AR blocks and TraceLock in its sliding window, as in the paper.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tracelock.atomic import atomic_write_json, atomic_write_text
+
+ABLATIONS = [("full", ""), ("w/o soft-crop", ":schedule=full"), ("w/o dynamic threshold", ":static_tau={tau}"),
+             ("w/o both", ":schedule=full:static_tau={tau}")]
+
+
+def main_policies() -> list[str]:
+    """The main table's rows; Learn2PD joins once the package registers an `l2p` policy."""
+    from tracelock.policies import POLICIES
+
+    return ["random", "confidence", "threshold:tau=0.9"] + (["l2p"] if "l2p" in POLICIES else []) + ["tracelock"]
+
+
+def plan(lengths: list[int], widths: list[int]) -> dict:
+    """The settings each table needs: main G/W for every pair; generalisation and ablations at G/4 (and G/2)."""
+    for g in lengths:
+        if g % 4:
+            raise ValueError(f"--lengths: {g} must be a multiple of 4 (the tables use widths G/4 and G/2)")
+    main = [f"{g}/{w}" for g in lengths for w in widths]
+    general = [(f"{g}/{g // 4}", f"{g}/{g // 2}") for g in lengths]
+    ablation = [f"{g}/{g // 4}" for g in lengths]
+    settings = list(dict.fromkeys(main + [s for pair in general for s in pair]))
+    return dict(main=main, generalisation=general, ablation=ablation, settings=settings)
+
+
+def _cell(row: dict | None, rank_metric: bool) -> str:
+    if row is None or row["metric"] is None:
+        return "-"
+    value = f"{row['metric']:.2f}" if rank_metric else f"{100 * row['metric']:.1f}"
+    return f"{value} / {row['avg_steps']:.1f}"
+
+
+def _markdown(rows_by_task: dict, layout: dict, policies: list[str], ablations: list[tuple]) -> str:
+    parts = []
+    main_header = "| task | policy | " + " | ".join(layout["main"]) + " |"
+    lines = ["### Main results (metric / average steps)", "", main_header,
+             "|" + "---|" * (2 + len(layout["main"]))]
+    for task, rows in rows_by_task.items():
+        rank = rows and rows[0]["metric_name"] == "avg rank"
+        cells = {(r["setting"], r["policy"]): r for r in rows}
+        for p in policies:
+            lines.append(f"| {task} | {p} | " + " | ".join(_cell(cells.get((s, p)), rank) for s in layout["main"])
+                         + " |")
+    parts.append("\n".join(lines))
+    lines = ["### Generalisation to a larger block/window (metric: original -> larger (change))", "",
+             "| task | policy | " + " | ".join(f"{a} -> {b.split('/')[1]}" for a, b in layout["generalisation"])
+             + " |", "|" + "---|" * (2 + len(layout["generalisation"]))]
+    for task, rows in rows_by_task.items():
+        cells = {(r["setting"], r["policy"]): r for r in rows}
+        for p in policies:
+            if p == "random":
+                continue
+            out = []
+            for a, b in layout["generalisation"]:
+                ra, rb = cells.get((a, p)), cells.get((b, p))
+                if ra is None or rb is None or ra["metric"] is None or rb["metric"] is None:
+                    out.append("-")
+                else:
+                    out.append(f"{100 * ra['metric']:.1f} -> {100 * rb['metric']:.1f} "
+                               f"({100 * (rb['metric'] - ra['metric']):+.1f})")
+            lines.append(f"| {task} | {p} | " + " | ".join(out) + " |")
+    parts.append("\n".join(lines))
+    lines = ["### TraceLock deployment ablation (metric / average steps)", "",
+             "| task | setting | " + " | ".join(name for name, _ in ablations) + " |",
+             "|" + "---|" * (2 + len(ablations))]
+    for task, rows in rows_by_task.items():
+        rank = rows and rows[0]["metric_name"] == "avg rank"
+        cells = {(r["setting"], r["policy"]): r for r in rows}
+        for s in layout["ablation"]:
+            lines.append(f"| {task} | {s} | " + " | ".join(_cell(cells.get((s, spec)), rank) for _, spec in ablations)
+                         + " |")
+    parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def run_tables(model, controller, tasks: list[str], out, *, lengths=(64, 128), widths=(16, 32), limit=None,
+               static_tau: float = 0.0, batch_size=32, seed=0, workers=2, dtype="float32", device="cpu",
+               rank=0, world_size=1, progress=None) -> str | None:
+    """Decode what the three tables need into ``out/<task>/`` and write ``out/tables.md`` and ``tables.json``.
+
+    Returns the markdown on rank 0 (None on other ranks).
+    """
+    from tracelock.eval.runner import parse_policies, parse_settings, run_eval, slug
+
+    layout = plan(list(lengths), list(widths))
+    main = main_policies()
+    ablations = [(name, "tracelock" + suffix.format(tau=static_tau)) for name, suffix in ABLATIONS]
+    out = Path(out)
+    rows_by_task = {}
+    for task in tasks:
+        folder = out / slug(task)
+        common = dict(n=limit, seed=seed, batch_size=batch_size, controller=controller, rank=rank,
+                      world_size=world_size, dtype=dtype, device=device, workers=workers, progress=progress)
+        rows = run_eval(model, task, parse_policies(",".join(main)), parse_settings(",".join(layout["settings"])),
+                        folder, **common)
+        extra = run_eval(model, task, parse_policies(",".join(spec for _, spec in ablations[1:])),
+                         parse_settings(",".join(layout["ablation"])), folder, **common)
+        if rank == 0:
+            rows_by_task[task] = rows + extra
+    if rank != 0:
+        return None
+    text = _markdown(rows_by_task, layout, main, ablations)
+    atomic_write_text(out / "tables.md", text)
+    atomic_write_json(out / "tables.json", dict(layout=layout, policies=main, ablations=ablations,
+                                                rows=rows_by_task, model=str(model), controller=str(controller)))
+    return text
+
+
+def run_tables_cli(args) -> int:
+    from tracelock.distributed import torchrun_group
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    with torchrun_group(args.device) as (rank, world, device):
+        text = run_tables(args.model, args.controller, tasks, args.out, lengths=_ints(args.lengths, "--lengths"),
+                          widths=_ints(args.widths, "--widths"), limit=args.limit, static_tau=args.static_tau,
+                          batch_size=args.batch_size, seed=args.seed, workers=args.workers, dtype=args.dtype,
+                          device=device, rank=rank, world_size=world,
+                          progress=lambda what: print(f"  {what}", file=sys.stderr, flush=True))
+    if text is not None:
+        print(text)
+        print(f"tables in {Path(args.out) / 'tables.md'}; run folders (for `tracelock report`) in {args.out}/*/")
+    return 0
+
+
+def _ints(text: str, arg: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{arg} {text!r} must be comma-separated integers, e.g. 64,128") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{arg} {text!r} must name at least one positive integer")
+    return values
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("paper-tables", help="the paper's main, generalisation and deployment-ablation tables "
+                                            "(resumable, torchrun-ready)")
+    p.add_argument("--model", required=True, help='checkpoint folder, or "testbed"')
+    p.add_argument("--controller", required=True, help="a `tracelock train --out` folder")
+    p.add_argument("--tasks", default="testbed:math,testbed:code", help="comma-separated task specs "
+                                                                        "(see `tracelock eval --help`)")
+    p.add_argument("--lengths", default="64,128", help="generation lengths (multiples of 4)")
+    p.add_argument("--widths", default="16,32", help="block/window widths of the main table")
+    p.add_argument("--limit", type=int, help="the first N items per task (required for testbed tasks)")
+    p.add_argument("--static-tau", type=float, default=0.0, help="threshold logit of the static-threshold ablation")
+    p.add_argument("--out", required=True, help="output folder (re-running with the same arguments resumes)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=2, help="sandbox processes for code scoring")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun: cuda:LOCAL_RANK)")
+    p.set_defaults(func=run_tables_cli)
+
