@@ -71,3 +71,18 @@ def test_real_gsm8k_answers():
         assert not is_correct(f"#### {float(value) + 1}", answer)
         n, ok = check_equations(answer)
         assert n >= 1 and ok == n, answer  # the <<a op b = c>> annotations parse and are true
+
+
+def test_every_gold_solution_of_the_test_split():
+    """The public API on all 1,319 gold solutions: the extracted number is the gold one, and scores correct."""
+    from tracelock.eval import extract_gsm8k_answer, is_gsm8k_correct
+
+    if not GSM8K_TEST.exists():
+        pytest.skip("GSM8K test split not available")
+    rows = [json.loads(line) for line in GSM8K_TEST.read_text().splitlines() if line.strip()]
+    assert len(rows) == 1319
+    gold = [row["answer"].split("####")[-1].strip().replace(",", "") for row in rows]
+    recovered = sum(extract_gsm8k_answer(row["answer"]) == g for row, g in zip(rows, gold))
+    scored = sum(is_gsm8k_correct(row["answer"], row["answer"]) for row in rows)
+    print(f"GSM8K gold solutions: {recovered}/{len(rows)} numbers recovered, {scored}/{len(rows)} scored correct")
+    assert recovered == scored == 1319
