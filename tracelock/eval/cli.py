@@ -19,6 +19,15 @@ def run_eval_cli(args) -> int:
     return 0
 
 
+def add_run_arguments(p) -> None:
+    """Decoding options shared by `eval` and `paper-tables`."""
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=2, help="sandbox processes for code scoring")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun: cuda:LOCAL_RANK)")
+
+
 def add_parsers(sub) -> None:
     p = sub.add_parser("eval", help="every policy on the same prompts: metric and steps per setting (resumable, "
                                     "torchrun-ready)")
@@ -35,9 +44,5 @@ def add_parsers(sub) -> None:
     p.add_argument("--limit", type=int, help="the task's first N items (required for testbed tasks; not --num, which "
                                              "torchrun's own parser would take for --numa-binding)")
     p.add_argument("--out", required=True, help="run folder (re-running with the same arguments resumes)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=2, help="sandbox processes for code scoring")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun: cuda:LOCAL_RANK)")
+    add_run_arguments(p)
     p.set_defaults(func=run_eval_cli)

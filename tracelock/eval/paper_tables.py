@@ -152,6 +152,8 @@ def _ints(text: str, arg: str) -> list[int]:
 
 
 def add_parsers(sub) -> None:
+    from tracelock.eval.cli import add_run_arguments
+
     p = sub.add_parser("paper-tables", help="the paper's main, generalisation and deployment-ablation tables "
                                             "(resumable, torchrun-ready)")
     p.add_argument("--model", required=True, help='checkpoint folder, or "testbed"')
@@ -163,10 +165,6 @@ def add_parsers(sub) -> None:
     p.add_argument("--limit", type=int, help="the first N items per task (required for testbed tasks)")
     p.add_argument("--static-tau", type=float, default=0.0, help="threshold logit of the static-threshold ablation")
     p.add_argument("--out", required=True, help="output folder (re-running with the same arguments resumes)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=2, help="sandbox processes for code scoring")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun: cuda:LOCAL_RANK)")
+    add_run_arguments(p)
     p.set_defaults(func=run_tables_cli)
 
