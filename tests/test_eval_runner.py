@@ -162,7 +162,7 @@ def test_qa_task_reads_alpaca_records(tmp_path):
     assert [it.prompt for it in items] == ["Name a colour.", "Translate\n\nchat"]
     assert [it.reference for it in items] == ["Red.", None]
     path.write_text(json.dumps({"prompt": "x"}) + "\n")
-    with pytest.raises(ValueError, match='needs an "instruction" string'):
+    with pytest.raises(ValueError, match="qa.jsonl:1 needs the string field\\(s\\) 'instruction'"):
         QATask(str(path)).items(None)
 
 

@@ -65,8 +65,8 @@ def run_dir(tmp_path_factory):
                     writer.add(t)
             # a made-up score that differs between policies on some items (the grids show those first)
             correct = [(j + k) % 2 == 0 for j in range(len(ids))]
-            (folder / "items.jsonl").write_text("".join(
-                json.dumps(dict(item_id=i, correct=c, steps=t.num_steps, seconds=0.01, completion="")) + "\n"
+            (folder / "items-rank0.jsonl").write_text("".join(
+                json.dumps(dict(id=i, correct=c, steps=t.num_steps, seconds=0.01, completion="")) + "\n"
                 for i, c, t in zip(ids, correct, traces)))
             rows.append(dict(setting=setting["label"], policy=policy["label"], metric=float(np.mean(correct)),
                              metric_name="accuracy", avg_steps=float(np.mean([t.num_steps for t in traces])),

@@ -147,7 +147,7 @@ def test_prompt_specs(tmp_path):
         load_items("testbed:poetry", 2)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "hi"}\n')
-    with pytest.raises(ValueError, match=r'bad.jsonl:1 needs a "prompt" string'):
+    with pytest.raises(ValueError, match=r"bad.jsonl:1 needs the string field\(s\) 'prompt'"):
         load_items(str(bad), None)
     with pytest.raises(FileNotFoundError, match="neither testbed:TASKS nor an existing JSONL"):
         load_items(str(tmp_path / "missing.jsonl"), None)

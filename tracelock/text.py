@@ -24,10 +24,11 @@ def decode_answer(tokenizer, generated: list, end_ids) -> str:
     return tokenizer.decode(answer_ids(generated, end_ids), skip_special_tokens=True)
 
 
-def read_prompt_rows(path) -> list[dict]:
-    """The rows of a JSONL prompt file: one ``{"prompt": str, ...}`` object per non-empty line.
+def read_jsonl(path, *, required=(), example: str = "") -> list[dict]:
+    """The JSON objects of a JSONL file, one per non-empty line, each with string fields ``required``.
 
-    Raises ValueError naming the file and line for bad JSON or a missing prompt, and for a file without prompts.
+    Raises ValueError naming the file and line for bad JSON, a line that is not an object, or a missing field
+    (with ``example``, a record in the expected format, in the message).
     """
     path = Path(path)
     rows = []
@@ -38,9 +39,23 @@ def read_prompt_rows(path) -> list[dict]:
             row = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{n} is not valid JSON ({err})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            raise ValueError(f'{path}:{n} needs a "prompt" string, e.g. {{"prompt": "What is 2 + 3?"}}')
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{n} is not a JSON object; each line must hold one record" +
+                             (f", e.g. {example}" if example else ""))
+        missing = [k for k in required if not isinstance(row.get(k), str)]
+        if missing:
+            raise ValueError(f"{path}:{n} needs the string field(s) {', '.join(map(repr, missing))}" +
+                             (f", e.g. {example}" if example else ""))
         rows.append(row)
+    return rows
+
+
+def read_prompt_rows(path) -> list[dict]:
+    """The rows of a JSONL prompt file: one ``{"prompt": str, ...}`` object per non-empty line.
+
+    Raises ValueError naming the file and line for bad JSON or a missing prompt, and for a file without prompts.
+    """
+    rows = read_jsonl(path, required=("prompt",), example='{"prompt": "What is 2 + 3?"}')
     if not rows:
         raise ValueError(f"{path} holds no prompts")
     return rows

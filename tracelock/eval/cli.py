@@ -5,7 +5,7 @@ import sys
 
 def run_eval_cli(args) -> int:
     from tracelock.distributed import torchrun_group
-    from tracelock.eval.runner import format_table, parse_policies, parse_settings, run_eval
+    from tracelock.eval.runner import parse_policies, parse_settings, run_eval, summary_table
 
     policies, settings = parse_policies(args.policies), parse_settings(args.settings)
     with torchrun_group(args.device) as (rank, world, device):
@@ -14,7 +14,8 @@ def run_eval_cli(args) -> int:
                         world_size=world, dtype=args.dtype, device=device, workers=args.workers,
                         progress=lambda what: print(f"  {what}", file=sys.stderr, flush=True))
     if rows is not None:
-        print(format_table(rows, settings, policies, rows[0]["metric_name"]))
+        print(f"{rows[0]['metric_name']} / average steps per item:")
+        print(summary_table(rows, [s.label for s in settings], [p.label for p in policies]))
         print(f"per-item results, traces and summary.json/.csv in {args.out}")
     return 0
 

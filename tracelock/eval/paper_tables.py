@@ -42,23 +42,17 @@ def plan(lengths: list[int], widths: list[int]) -> dict:
     return dict(main=main, generalisation=general, ablation=ablation, settings=settings)
 
 
-def _cell(row: dict | None, rank_metric: bool) -> str:
-    if row is None or row["metric"] is None:
-        return "-"
-    value = f"{row['metric']:.2f}" if rank_metric else f"{100 * row['metric']:.1f}"
-    return f"{value} / {row['avg_steps']:.1f}"
-
-
 def _markdown(rows_by_task: dict, layout: dict, policies: list[str], ablations: list[tuple]) -> str:
+    from tracelock.eval.runner import metric_cell
+
     parts = []
     main_header = "| task | policy | " + " | ".join(layout["main"]) + " |"
     lines = ["### Main results (metric / average steps)", "", main_header,
              "|" + "---|" * (2 + len(layout["main"]))]
     for task, rows in rows_by_task.items():
-        rank = rows and rows[0]["metric_name"] == "avg rank"
         cells = {(r["setting"], r["policy"]): r for r in rows}
         for p in policies:
-            lines.append(f"| {task} | {p} | " + " | ".join(_cell(cells.get((s, p)), rank) for s in layout["main"])
+            lines.append(f"| {task} | {p} | " + " | ".join(metric_cell(cells.get((s, p))) for s in layout["main"])
                          + " |")
     parts.append("\n".join(lines))
     lines = ["### Generalisation to a larger block/window (metric: original -> larger (change))", "",
@@ -83,10 +77,9 @@ def _markdown(rows_by_task: dict, layout: dict, policies: list[str], ablations: 
              "| task | setting | " + " | ".join(name for name, _ in ablations) + " |",
              "|" + "---|" * (2 + len(ablations))]
     for task, rows in rows_by_task.items():
-        rank = rows and rows[0]["metric_name"] == "avg rank"
         cells = {(r["setting"], r["policy"]): r for r in rows}
         for s in layout["ablation"]:
-            lines.append(f"| {task} | {s} | " + " | ".join(_cell(cells.get((s, spec)), rank) for _, spec in ablations)
+            lines.append(f"| {task} | {s} | " + " | ".join(metric_cell(cells.get((s, spec))) for _, spec in ablations)
                          + " |")
     parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"

@@ -71,29 +71,14 @@ def _pairs(policies: list, pair: str | None) -> list:
     return [(by_label[labels[0]], by_label[labels[1]])]
 
 
-def _format_metric(rows: list):
-    """(header suffix, formatter): shares in [0, 1] (accuracy, pass@1) as percent, ranks and the rest as they are."""
-    name = next((r.get("metric_name") for r in rows if r.get("metric_name")), "metric")
-    values = [r["metric"] for r in rows if isinstance(r.get("metric"), int | float)]
-    if "rank" not in name and values and all(0 <= v <= 1 for v in values):
-        return f"{name} (%)", lambda v: f"{100 * v:.1f}"
-    return name, lambda v: f"{v:.2f}"
-
-
 def summary_table(manifest: dict, rows: list) -> str:
     """The paper-style table as markdown: a row per setting, a column per policy, cells "metric / avg steps"."""
-    name, fmt = _format_metric(rows)
-    cell = {(r["setting"], r["policy"]): r for r in rows}
-    policies = [p["label"] for p in manifest["policies"]]
-    lines = [f"| setting | {' | '.join(policies)} |", "|---" * (len(policies) + 1) + "|"]
-    for setting in (s["label"] for s in manifest["settings"]):
-        cells = []
-        for policy in policies:
-            r = cell.get((setting, policy))
-            ok = r is not None and isinstance(r.get("metric"), int | float)
-            cells.append(f"{fmt(r['metric'])} / {r.get('avg_steps', float('nan')):.1f}" if ok else "n/a")
-        lines.append(f"| {setting} | {' | '.join(cells)} |")
-    return f"Cells: {name} / average steps per item.\n\n" + "\n".join(lines)
+    from tracelock.eval.runner import summary_table as table
+
+    name = next((r["metric_name"] for r in rows if r.get("metric_name")), "metric")
+    unit = "" if "rank" in name else " (%)"
+    return (f"Cells: {name}{unit} / average steps per item.\n\n"
+            + table(rows, [s["label"] for s in manifest["settings"]], [p["label"] for p in manifest["policies"]]))
 
 
 def _divergence_table(div) -> str:
@@ -103,20 +88,6 @@ def _divergence_table(div) -> str:
         vals = [100 * getattr(div, m)[k] for m in div.METRICS]
         lines.append(f"| {s} | " + " | ".join("n/a" if v != v else f"{v:.1f}" for v in vals) + " |")
     return "\n".join(lines)
-
-
-def _items_correct(folder: Path) -> dict:
-    """{item id: correct} from the policy's item files (``items.jsonl`` or per-rank ``items-rank<r>.jsonl``);
-    lines that do not parse (a torn append) are passed over: this only orders the trace grids."""
-    out = {}
-    for path in sorted(folder.glob("items*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            out[str(rec.get("id", rec.get("item_id")))] = rec.get("correct")
-    return out
 
 
 class _Run:
@@ -237,6 +208,7 @@ def _grids(run: _Run, pairs: list, settings: list, items: int, grid_every: int, 
     """Markdown lines with ``items`` trace grids of the first pair in the first setting that has both traces."""
     from tracelock.eval import diagnostics as dx
     from tracelock.eval import plots
+    from tracelock.eval.runner import folder_items
 
     if not pairs or items == 0:
         return []
@@ -246,7 +218,7 @@ def _grids(run: _Run, pairs: list, settings: list, items: int, grid_every: int, 
         if not ta or not tb:
             continue
         matched = dx.pair_traces(ta, tb)
-        ca, cb = _items_correct(run.folder(s, a)), _items_correct(run.folder(s, b))
+        ca, cb = ({i: rec["correct"] for i, rec in folder_items(run.folder(s, p)).items()} for p in (a, b))
         # the informative items first: where one policy got it right and the other did not
         order = sorted(range(len(matched)), key=lambda i: ca.get(matched[i][0].meta["id"]) ==
                        cb.get(matched[i][0].meta["id"]))

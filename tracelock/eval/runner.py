@@ -25,7 +25,8 @@ from pathlib import Path
 
 from tracelock.atomic import atomic_write_json, atomic_write_text
 
-__all__ = ["PolicySpec", "Setting", "parse_policies", "parse_settings", "run_eval", "read_items", "format_table"]
+__all__ = ["PolicySpec", "Setting", "parse_policies", "parse_settings", "run_eval", "read_items", "folder_items",
+           "metric_cell", "summary_table"]
 
 
 def slug(text: str) -> str:
@@ -197,34 +198,33 @@ def _decode_chunk(model, policy, prompts, gen_length, sched, seed, metas, contro
 
 
 def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, rank, batch_size, seed, schedule,
-                   controller, first_folder, workers, progress):
+                   controller, first_folder, workers):
     """Decode this rank's not-yet-done ``items`` with one policy at one setting; append results and traces."""
     from tracelock.policies import make_policy
     from tracelock.policies.oracle import OraclePolicy
     from tracelock.text import decode_answer, encode_prompt
-    from tracelock.traces.store import TraceWriter, done_records
+    from tracelock.traces.store import TraceWriter, stored_ids
 
     folder.mkdir(parents=True, exist_ok=True)
     items_path = folder / f"items-rank{rank}.jsonl"
     _ensure_trailing_newline(items_path)
-    done = _folder_items(folder)  # every rank's: a resume may run with another world size
+    done = folder_items(folder)  # every rank's: a resume may run with another world size
     todo = [it for it in items if it.id not in done]
     if not todo:
         return
-    writer = TraceWriter(folder / "traces", prefix=f"rank{rank}", shard_size=max(batch_size, 1))
-    in_store = writer.done_ids() | {i for rec in done_records(folder / "traces").values()
-                                    for i in [*rec["skipped"], *(j for e in rec["shards"] for j in e["ids"])]}
-    reference = _folder_items(first_folder) if policy.name == "oracle" else None
+    writer = TraceWriter(folder / "traces", prefix=f"rank{rank}", shard_size=batch_size)
+    in_store = stored_ids(folder / "traces")  # every rank's, as the writer has just rewritten its own record
+    reference = folder_items(first_folder) if policy.name == "oracle" else None
+    if policy.name == "tracelock":  # loaded once: the controller and encoder come from disk
+        pol = make_policy("tracelock", **{"controller": controller, "model": model, **policy.policy_args})
+    elif policy.name != "oracle":
+        pol = make_policy(policy.name, **policy.policy_args)
     sched = schedule_of(policy, setting, schedule)
     for start in range(0, len(todo), batch_size):
         chunk = todo[start:start + batch_size]
         prompts = [encode_prompt(tokenizer, it.prompt) for it in chunk]
-        if policy.name == "oracle":
+        if policy.name == "oracle":  # its reference is the batch's own rows of the first policy's canvases
             pol = OraclePolicy(_oracle_reference(model.spec, prompts, [reference[it.id]["tokens"] for it in chunk]))
-        elif policy.name == "tracelock":
-            pol = make_policy("tracelock", **{"controller": controller, "model": model, **policy.policy_args})
-        else:
-            pol = make_policy(policy.name, **policy.policy_args)
         scores_file = (folder / f"controller_steps-rank{rank}-{len(done) + start:05d}.safetensors"
                        if policy.name == "tracelock" else None)
         metas = [dict(id=it.id, policy=policy.label, setting=setting.label, **sched) for it in chunk]
@@ -238,12 +238,10 @@ def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, ra
         _append_lines(items_path, [dict(id=it.id, correct=c, steps=int(t.num_steps), seconds=seconds,
                                         completion=text, tokens=t.final.tolist())
                                    for it, t, text, c in zip(chunk, traces, completions, correct)])
-        if progress:
-            progress(len(chunk))
     writer.close(write_index=False)
 
 
-def _folder_items(folder: Path) -> dict:
+def folder_items(folder: Path) -> dict:
     """{id: record} over every rank's items JSONL of one (setting, policy) folder."""
     records = {}
     for path in sorted(folder.glob("items-rank*.jsonl")):
@@ -252,12 +250,8 @@ def _folder_items(folder: Path) -> dict:
 
 
 def summarize(folder: Path, setting: str, policy: str, metric_name: str) -> dict:
-    """The summary row of one (setting, policy) folder (and its trace store's index, rebuilt over every rank)."""
-    from tracelock.traces.store import build_index
-
-    if (folder / "traces").exists():
-        build_index(folder / "traces")
-    records = list(_folder_items(folder).values())
+    """The summary row of one (setting, policy) folder."""
+    records = list(folder_items(folder).values())
     scored = [r["correct"] for r in records if r["correct"] is not None]
     n = len(records)
     return dict(setting=setting, policy=policy, metric_name=metric_name,
@@ -266,24 +260,22 @@ def summarize(folder: Path, setting: str, policy: str, metric_name: str) -> dict
                 seconds_per_item=sum(r["seconds"] for r in records) / n if n else None)
 
 
-def format_table(rows: list, settings: list, policies: list, metric_name: str) -> str:
-    """The paper-style table: one row per policy, ``metric / avg steps`` per setting."""
+def metric_cell(row: dict | None) -> str:
+    """``metric / average steps`` of a summary row: shares as percent, ranks with two decimals."""
+    if row is None:
+        return "n/a"
+    if row["metric"] is None:
+        return f"unjudged / {row['avg_steps']:.1f}"
+    value = f"{row['metric']:.2f}" if "rank" in row["metric_name"] else f"{100 * row['metric']:.1f}"
+    return f"{value} / {row['avg_steps']:.1f}"
+
+
+def summary_table(rows: list, settings: list[str], policies: list[str]) -> str:
+    """The paper-style table as markdown: a row per setting, a column per policy, cells `metric_cell`."""
     cells = {(r["setting"], r["policy"]): r for r in rows}
-    header = ["policy"] + [f"{s.label} {metric_name} / steps" for s in settings]
-    lines = [header]
-    for p in policies:
-        line = [p.label]
-        for s in settings:
-            r = cells.get((s.label, p.label))
-            if r is None or r["metric"] is None:
-                line.append("-" if r is None else f"unjudged / {r['avg_steps']:.1f}")
-            else:
-                value = f"{100 * r['metric']:.1f}" if metric_name != "avg rank" else f"{r['metric']:.2f}"
-                line.append(f"{value} / {r['avg_steps']:.1f}")
-        lines.append(line)
-    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
-    fmt = lambda row: "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"  # noqa: E731
-    return "\n".join([fmt(lines[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [fmt(r) for r in lines[1:]])
+    lines = [f"| setting | {' | '.join(policies)} |", "|---" * (len(policies) + 1) + "|"]
+    lines += [f"| {s} | {' | '.join(metric_cell(cells.get((s, p))) for p in policies)} |" for s in settings]
+    return "\n".join(lines)
 
 
 def _write_summary(out: Path, rows: list) -> None:
@@ -362,11 +354,17 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
                 progress(f"{setting.label} {policy.label}")
             _decode_policy(model, tokenizer, task, mine, policy, setting, folder, rank=rank, batch_size=batch_size,
                            seed=seed, schedule=schedule, controller=controller, workers=workers,
-                           first_folder=out / "runs" / setting.slug / policies[0].slug, progress=None)
+                           first_folder=out / "runs" / setting.slug / policies[0].slug)
     if world_size > 1:
         torch.distributed.barrier()
     if rank != 0:
         return None
+    from tracelock.traces.store import build_index
+
+    for setting in settings:  # one index over every rank's shards
+        for policy in policies:
+            if (out / "runs" / setting.slug / policy.slug / "traces").exists():
+                build_index(out / "runs" / setting.slug / policy.slug / "traces")
     # summary.json covers every (setting, policy) the folder holds, also those of earlier calls
     manifest = json.loads((out / "manifest.json").read_text())
     rows = [summarize(out / "runs" / s["slug"] / p["slug"], s["label"], p["label"], task.metric_name)

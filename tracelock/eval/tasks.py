@@ -18,7 +18,7 @@ prefix of a larger run).
 
 from __future__ import annotations
 
-import json
+import abc
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +38,7 @@ class EvalItem:
     reference: object  # what scoring needs: gold answer, HumanEval record, testbed Example, QA reference or None
 
 
-class Task:
+class Task(abc.ABC):
     """One evaluation task: ``items(n)`` to decode and ``score(items, completions)``.
 
     ``score`` returns one bool per item, or None per item for a judged task (``judged``: QA is ranked across
@@ -49,23 +49,21 @@ class Task:
     metric_name: str = "accuracy"
     judged: bool = False
 
+    @abc.abstractmethod
     def items(self, n: int | None) -> list[EvalItem]:
-        raise NotImplementedError
+        """The task's first ``n`` items (every item when None)."""
 
+    @abc.abstractmethod
     def score(self, items: list[EvalItem], completions: list[str], workers: int = 2) -> list:
-        raise NotImplementedError
+        """One bool per item (None per item for a judged task)."""
 
 
-def _read_jsonl(path: Path, arg: str) -> list[dict]:
+def _read_jsonl(path: Path, arg: str, required: tuple, example: str) -> list[dict]:
+    from tracelock.text import read_jsonl
+
     if not path.is_file():
         raise FileNotFoundError(f"{arg}: {path} is not a file; give the path of a JSONL data file")
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{n} is not valid JSON ({err})") from None
+    rows = read_jsonl(path, required=required, example=example)
     if not rows:
         raise ValueError(f"{path} holds no records")
     return rows
@@ -84,13 +82,10 @@ class GSM8KTask(Task):
         self.path = Path(path)
 
     def items(self, n):
-        rows = _read_jsonl(self.path, "gsm8k:PATH")
-        out = []
-        for i, row in enumerate(_first(rows, n)):
-            if not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
-                raise ValueError(f'{self.path}: record {i} needs "question" and "answer" strings (GSM8K format)')
-            out.append(EvalItem(f"gsm8k:{i}", f"{row['question']}\n{GSM8K_INSTRUCTION}", row["answer"]))
-        return out
+        rows = _read_jsonl(self.path, "gsm8k:PATH", ("question", "answer"),
+                           '{"question": "...", "answer": "... #### 42"} (GSM8K format)')
+        return [EvalItem(f"gsm8k:{i}", f"{row['question']}\n{GSM8K_INSTRUCTION}", row["answer"])
+                for i, row in enumerate(_first(rows, n))]
 
     def score(self, items, completions, workers=2):
         from tracelock.eval.gsm8k import is_correct
@@ -133,6 +128,10 @@ class HumanEvalTask(Task):
                                     workers=workers)
 
 
+def _alpaca_prompt(row: dict) -> str:
+    return row["instruction"] + (f"\n\n{row['input']}" if row.get("input") else "")
+
+
 class QATask(Task):
     name, metric_name, judged = "qa", "avg rank", True
 
@@ -140,13 +139,10 @@ class QATask(Task):
         self.path = Path(path)
 
     def items(self, n):
-        out = []
-        for i, row in enumerate(_first(_read_jsonl(self.path, "qa:PATH"), n)):
-            if not isinstance(row.get("instruction"), str):
-                raise ValueError(f'{self.path}: record {i} needs an "instruction" string (Alpaca format)')
-            prompt = row["instruction"] + (f"\n\n{row['input']}" if row.get("input") else "")
-            out.append(EvalItem(str(row.get("id", f"qa:{i}")), prompt, row.get("output") or None))
-        return out
+        rows = _read_jsonl(self.path, "qa:PATH", ("instruction",),
+                           '{"instruction": "...", "input": "optional", "output": "reference"} (Alpaca format)')
+        return [EvalItem(str(row.get("id", f"qa:{i}")), _alpaca_prompt(row), row.get("output") or None)
+                for i, row in enumerate(_first(rows, n))]
 
     def score(self, items, completions, workers=2):
         return [None] * len(items)

@@ -22,7 +22,7 @@ from pathlib import Path
 from tracelock.atomic import atomic_write_json
 from tracelock.text import read_prompt_rows
 from tracelock.traces.filters import FilterConfig, code_reasons, text_reason
-from tracelock.traces.store import TraceWriter, build_index, done_records, store_bytes_per_trace
+from tracelock.traces.store import TraceWriter, build_index, done_records, store_bytes_per_trace, stored_ids
 
 SETTINGS, SUMMARY = "collect.json", "summary.json"
 # testing hook: exit the process hard (no cleanup, like a kill) once it has written this many shards
@@ -156,8 +156,7 @@ def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=Non
             os._exit(86)
 
     writer = TraceWriter(out, shard_size=shard_size, prefix=f"rank{rank}", on_shard=on_shard)
-    done = writer.done_ids() | {i for p, rec in done_records(out).items() if p != writer.prefix
-                                for i in [*rec["skipped"], *(j for e in rec["shards"] for j in e["ids"])]}
+    done = writer.done_ids() | stored_ids(out, exclude=writer.prefix)
     seconds_before = writer.extra.get("seconds", 0.0)
     mine = items[rank::world_size]
     common = dict(model=settings["model"], model_fingerprint=settings["model_fingerprint"], seed=seed)

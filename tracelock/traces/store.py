@@ -285,6 +285,12 @@ def done_records(directory) -> dict:
     return {p.name[len("done-"):-len(".json")]: read_done(p) for p in sorted(folder.glob("done-*.json"))}
 
 
+def stored_ids(directory, *, exclude: str | None = None) -> set:
+    """Ids that the folder's writers (all but the ``exclude`` prefix) have written to a shard or skipped."""
+    return {i for prefix, rec in done_records(directory).items() if prefix != exclude
+            for i in [*rec["skipped"], *(j for e in rec["shards"] for j in e["ids"])]}
+
+
 def build_index(directory) -> dict:
     """Merge every writer's done record into ``index.json`` (atomically) and return it."""
     folder = Path(directory)
