@@ -42,3 +42,12 @@ def poisoned_empty(monkeypatch):
         return t.fill_(float("nan") if t.is_floating_point() else True if t.dtype == torch.bool else -7)
 
     monkeypatch.setattr(torch, "empty", empty)
+
+
+@pytest.fixture
+def server():
+    """A scripted OpenAI-compatible chat server on loopback (`tracelock.testing_chat`)."""
+    from tracelock.testing_chat import chat_server
+
+    with chat_server() as srv:
+        yield srv

@@ -46,7 +46,7 @@ def test_causal_refuses_a_padding_mask(micro):
 def test_ar_loss_learns_a_fixed_batch(micro):
     cfg, _, tok = micro
     model, _ = _build(cfg, Path(cfg.out))  # a fresh copy: this test trains it
-    x, region = Batches(cfg, tok, model.spec)(0)
+    x, region, _ = Batches(cfg, tok, model.spec)(0)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     first = ar_loss(model, x, region).item()
     for _ in range(30):

@@ -206,3 +206,50 @@ def test_paper_tables_one_command(setup, tmp_path):
     assert full["n"] == 2 and full["avg_steps"] <= 8
     with pytest.raises(ValueError, match="multiple of 4"):
         plan([10], [2])
+
+
+def test_qa_run_is_ranked_and_critiqued_by_an_http_judge(setup, tmp_path, server):
+    from tracelock.eval.judge_backends import HTTPJudge
+    from tracelock.eval.judge_prompts import CRITIC_SYSTEM
+    from tracelock.eval.judging import make_judge
+    from tracelock.testing_chat import ranking_candidates
+
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"instruction": "Name a colour.", "output": "red"}, {"instruction": "Say hi."},
+        {"instruction": "Count to three.", "output": "1 2 3"}]))
+
+    def reply(body):  # a judge that prefers longer answers; every critic verdict is "correct"
+        if body["messages"][0]["content"] == CRITIC_SYSTEM:
+            return json.dumps({"verdict": "correct", "reason": "ok"})
+        scores = {cid: min(10, len(answer)) for cid, answer in ranking_candidates(body).items()}
+        return json.dumps({"scores": scores, "reason": "r"})
+
+    server.script = [reply] * 100
+    judge = HTTPJudge(f"http://127.0.0.1:{server.server_port}/v1", "judge-model", timeout_s=5.0)
+    out = tmp_path / "qa-run"
+    policies = parse_policies("confidence,confidence:steps=4")
+    rows = run_eval(setup[1], f"qa:{qa}", policies, parse_settings("8/4"), out, n=3, batch_size=3, workers=1,
+                    judge=judge)
+    assert len(server.requests) == 3 + 2 * 2  # three rankings, a critic call per referenced item and policy
+    completions = {p.label: read_items(out / "runs" / "8-4" / p.slug / "items-rank0.jsonl") for p in policies}
+    ids = list(completions["confidence"])
+    by_hand = {label: 0.0 for label in completions}
+    for i in ids:  # fractional ranks of min(10, len) per prompt, by hand
+        score = {label: min(10, len(recs[i]["completion"])) for label, recs in completions.items()}
+        for label in score:
+            better = sum(v > score[label] for v in score.values())
+            tied = sum(v == score[label] for v in score.values())
+            by_hand[label] += (better + (tied + 1) / 2) / len(ids)
+    assert {r["policy"]: r["metric"] for r in rows} == pytest.approx(by_hand)
+    assert all(r["critic_rate"] == 1.0 and r["metric_name"] == "avg rank" for r in rows)
+    summary = json.loads((out / "summary.json").read_text())["rows"]
+    assert [r["metric"] for r in summary] == [r["metric"] for r in rows]
+    # resumed with the same judge: nothing is decoded or judged again, the judgement is read back
+    again = run_eval(setup[1], f"qa:{qa}", policies, parse_settings("8/4"), out, n=3, batch_size=3, workers=1,
+                     judge=judge)
+    assert len(server.requests) == 7 and again == rows
+    with pytest.raises(ValueError, match="--judge-model NAME"):
+        make_judge(url="http://127.0.0.1:9/v1")
+    with pytest.raises(ValueError, match="exactly one of them"):
+        make_judge()

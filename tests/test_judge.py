@@ -2,11 +2,7 @@
 strict reply parsing, hand-computed metrics with ties, and a tiny local transformers judge."""
 
 import json
-import re
 import socket
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -21,72 +17,9 @@ from tracelock.eval.judge_prompts import (
     parse_verdict,
     ranking_messages,
 )
+from tracelock.testing_chat import Sleep, ranking_candidates
 
 IDS3 = ["candidate_1", "candidate_2", "candidate_3"]
-
-
-class Sleep:
-    """Script entry: wait `seconds` before answering with `then` (to make the client time out)."""
-
-    def __init__(self, seconds, then):
-        self.seconds, self.then = seconds, then
-
-
-class _ChatHandler(BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        srv = self.server
-        srv.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
-        if self.path != "/v1/chat/completions":
-            return self._send(404, json.dumps({"error": f"no route {self.path}"}))
-        entry = srv.script.pop(0) if srv.script else (500, "script exhausted")
-        if callable(entry):
-            entry = entry(body)
-        if isinstance(entry, Sleep):
-            time.sleep(entry.seconds)
-            entry = entry.then
-        if isinstance(entry, str):
-            completion = {"id": f"cmpl-{len(srv.requests)}", "object": "chat.completion", "model": body["model"],
-                          "choices": [{"index": 0, "message": {"role": "assistant", "content": entry},
-                                       "finish_reason": "stop"}]}
-            return self._send(200, json.dumps(completion))
-        status, payload, *headers = entry
-        return self._send(status, payload, headers[0] if headers else {})
-
-    def _send(self, status, payload, headers=None):
-        data = payload.encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address):
-        # a client that timed out closed the socket before a Sleep entry answered: expected, not an error
-        pass
-
-
-@pytest.fixture
-def server():
-    """An OpenAI chat-completions server on 127.0.0.1 (port 0). Append replies to `server.script`: a str is the
-    assistant's content, a (status, body[, headers]) tuple a raw HTTP answer, a callable(request_body) returns an
-    entry, a Sleep delays one; `server.requests` records what arrived."""
-    srv = _Server(("127.0.0.1", 0), _ChatHandler)
-    srv.script, srv.requests = [], []
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
 
 
 def http_judge(server, **kw):
@@ -94,18 +27,11 @@ def http_judge(server, **kw):
     return HTTPJudge(f"http://127.0.0.1:{server.server_port}/v1", "judge-model", **kw)
 
 
-def candidates_in(body) -> dict[str, str]:
-    """candidate id -> answer text, read back from the ranking prompt the server received."""
-    user = body["messages"][1]["content"]
-    shown = user.split("\nCandidates:\n", 1)[1]
-    return dict(re.findall(r"\[(candidate_\d+)\]\n(.*?)(?=\n\n\[candidate_\d+\]\n|\Z)", shown, flags=re.S))
-
-
 def scorer(table: dict[str, float], *, fence=False):
     """A script entry that scores each candidate by its answer text, wherever the shuffle put it."""
 
     def reply(body):
-        obj = {"scores": {cid: table[answer] for cid, answer in candidates_in(body).items()}, "reason": "ok"}
+        obj = {"scores": {cid: table[answer] for cid, answer in ranking_candidates(body).items()}, "reason": "ok"}
         text = json.dumps(obj)
         return f"```json\n{text}\n```" if fence else text
 
@@ -167,7 +93,7 @@ def test_candidate_order_is_seeded_and_varies(server):
     assert len({tuple(p.order) for p in first.prompts}) > 1
     # the order recorded is the order shown: candidate_k carried order[k-1]'s answer
     for p, req in zip(first.prompts, server.requests):
-        shown = candidates_in(req["body"])
+        shown = ranking_candidates(req["body"])
         assert [shown[f"candidate_{k + 1}"] for k in range(4)] == [f"{s}-{p.index}" for s in p.order]
 
 

@@ -15,7 +15,7 @@ from tracelock.models.spec import CheckpointError
 from tracelock.testbed import held_out
 from tracelock.testbed.evaluate import evaluate_policies, format_table
 from tracelock.testbed.model_files import NUMBER_TOKENS, train_tokenizer
-from tracelock.testbed.train import TrainConfig, train
+from tracelock.testbed.train import TrainConfig, block_mask, sft_loss, train
 
 
 def micro_config(out, **kw):
@@ -134,3 +134,33 @@ def test_bundled_name_resolves(trained, monkeypatch, tmp_path):
         tracelock.load_model("testbed")
     monkeypatch.setattr(loading, "BUNDLED", {"testbed": Path(trained)})
     assert tracelock.load_model("testbed").spec.num_layers == 4
+
+
+def test_block_mask_matches_the_states_semi_ar_decoding_visits():
+    B, L, start = 64, 80, 12
+    region = torch.zeros(B, L, dtype=torch.bool)
+    region[:, start:] = True
+    answer_len = torch.randint(5, 40, (B,), generator=torch.Generator().manual_seed(1))
+    t = torch.rand(B, generator=torch.Generator().manual_seed(2))
+    masked, supervised, block = block_mask(region, answer_len, t, (16, 32), torch.Generator().manual_seed(3))
+    for i in range(B):
+        pos = block[i].nonzero().flatten()
+        lo, hi = int(pos[0]), int(pos[-1]) + 1
+        assert hi - lo in (16, 32) or hi == L  # a whole block, unless the region ends first
+        assert start <= lo < start + int(answer_len[i])  # the block starts inside the answer
+        assert not masked[i, :lo].any()  # the answer before the block is clean, as after decoding it
+        assert masked[i, hi:].all()  # everything after the block is still masked
+        assert torch.equal(supervised[i], masked[i] & block[i])  # loss only on the block's masked positions
+    assert 0.3 < supervised[block].float().mean() < 0.7  # ratio t ~ U(0, 1): about half masked on average
+
+
+def test_sft_loss_with_block_rows_is_finite_and_trains_every_row(trained):
+    model = tracelock.load_model(trained, dtype=torch.float32).requires_grad_(True)
+    tok = tracelock.load_tokenizer(trained)
+    from tracelock.testbed.train import Batches
+    cfg = micro_config(trained)
+    x, region, answer_len = Batches(cfg, tok, model.spec)(0)
+    loss = sft_loss(model, x, region, torch.Generator().manual_seed(0), 1e-3, answer_len, 1.0, (8,))
+    assert torch.isfinite(loss) and loss > 0
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())

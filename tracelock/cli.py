@@ -98,7 +98,7 @@ def _add_testbed_train(sub):
                  "vocab_size", "tokenizer_corpus", "warmup"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None,
                        help=f"default {getattr(defaults, name)}")
-    for name in ("lr", "long_fraction"):
+    for name in ("lr", "long_fraction", "block_fraction"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=None,
                        help=f"default {getattr(defaults, name)}")
     p.set_defaults(func=_testbed_train)

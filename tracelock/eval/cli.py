@@ -1,17 +1,24 @@
 """`tracelock eval`: the paper-style comparison of policies on one task (see `tracelock.eval.runner`)."""
 
+import os
 import sys
 
 
 def run_eval_cli(args) -> int:
     from tracelock.distributed import torchrun_group
+    from tracelock.eval.judging import make_judge
     from tracelock.eval.runner import parse_policies, parse_settings, run_eval, summary_table
 
     policies, settings = parse_policies(args.policies), parse_settings(args.settings)
+    wants_judge = args.judge_url is not None or args.judge_local is not None
+    if wants_judge:
+        make_judge(args.judge_url, args.judge_model, args.judge_local)  # bad judge arguments fail before decoding
     with torchrun_group(args.device) as (rank, world, device):
+        judge = (make_judge(args.judge_url, args.judge_model, args.judge_local,
+                            os.environ.get("TRACELOCK_JUDGE_API_KEY")) if wants_judge and rank == 0 else None)
         rows = run_eval(args.model, args.task, policies, settings, args.out, n=args.limit, seed=args.seed,
                         batch_size=args.batch_size, schedule=args.schedule, controller=args.controller, rank=rank,
-                        world_size=world, dtype=args.dtype, device=device, workers=args.workers,
+                        world_size=world, dtype=args.dtype, device=device, workers=args.workers, judge=judge,
                         progress=lambda what: print(f"  {what}", file=sys.stderr, flush=True))
     if rows is not None:
         print(f"{rows[0]['metric_name']} / average steps per item:")
@@ -45,5 +52,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--limit", type=int, help="the task's first N items (required for testbed tasks; not --num, which "
                                              "torchrun's own parser would take for --numa-binding)")
     p.add_argument("--out", required=True, help="run folder (re-running with the same arguments resumes)")
+    p.add_argument("--judge-url", help="qa: an OpenAI-compatible server's base URL, e.g. http://127.0.0.1:8000/v1 "
+                                       "(API key, if any, from $TRACELOCK_JUDGE_API_KEY)")
+    p.add_argument("--judge-model", help="qa: the served judge model's name, with --judge-url")
+    p.add_argument("--judge-local", help="qa: a transformers chat model folder as the judge, instead of --judge-url")
     add_run_arguments(p)
     p.set_defaults(func=run_eval_cli)

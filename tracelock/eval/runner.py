@@ -282,7 +282,7 @@ def _write_summary(out: Path, rows: list) -> None:
     atomic_write_json(out / "summary.json", dict(rows=rows))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=["setting", "policy", "metric_name", "metric", "avg_steps",
-                                             "seconds_per_item", "n"])
+                                             "seconds_per_item", "n", "top_two_rate", "critic_rate"], restval="")
     writer.writeheader()
     writer.writerows(rows)
     atomic_write_text(out / "summary.csv", buf.getvalue())
@@ -310,11 +310,12 @@ def _check_manifest(out: Path, manifest: dict) -> None:
 
 def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *, n=None, seed=0, batch_size=32,
              schedule="auto", controller=None, rank=0, world_size=1, dtype="float32", device="cpu", workers=2,
-             progress=None) -> list | None:
+             judge=None, progress=None) -> list | None:
     """Decode ``task_spec``'s first ``n`` items with every policy at every setting into ``out``.
 
-    Returns the summary rows on rank 0 (None elsewhere). Judged tasks (QA) get their metric from
-    `tracelock.eval.judge` afterwards; their rows hold ``metric=None`` until then.
+    Returns the summary rows on rank 0 (None elsewhere). A judged task (QA) is ranked by ``judge`` (a
+    `tracelock.eval.judge.Judge`, see `tracelock.eval.judging`) on rank 0 after decoding; without one its rows
+    hold ``metric=None`` (unjudged) unless an earlier call judged them.
     """
     import torch
 
@@ -361,6 +362,10 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
         return None
     from tracelock.traces.store import build_index
 
+    if judge is not None:
+        from tracelock.eval.judging import judge_run
+
+        judge_run(out, judge, seed=seed, progress=progress)
     for setting in settings:  # one index over every rank's shards
         for policy in policies:
             if (out / "runs" / setting.slug / policy.slug / "traces").exists():
@@ -370,6 +375,10 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
     rows = [summarize(out / "runs" / s["slug"] / p["slug"], s["label"], p["label"], task.metric_name)
             for s in manifest["settings"] for p in manifest["policies"]
             if (out / "runs" / s["slug"] / p["slug"]).exists()]
+    if task.judged:
+        from tracelock.eval.judging import apply_judgements
+
+        rows = apply_judgements(out, rows)
     _write_summary(out, rows)
     wanted = {(s.label, p.label) for s in settings for p in policies}
     rows = [r for r in rows if (r["setting"], r["policy"]) in wanted]

@@ -47,7 +47,7 @@ def train_ar(cfg: TrainConfig, progress: bool = True):
     batches = Batches(cfg, tok, model.spec)
     start = time.perf_counter()
     for step in tqdm(range(cfg.steps), disable=not progress, unit="step"):
-        x, region = batches(step)
+        x, region, _ = batches(step)
         for group in opt.param_groups:
             group["lr"] = _lr(cfg, step)
         loss = ar_loss(model, x, region)

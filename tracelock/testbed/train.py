@@ -48,6 +48,9 @@ class TrainConfig:
     max_positions: int = 512
     long_fraction: float = 0.15  # share of batches whose generation region is 128 instead of 64
     eps: float = 1e-3
+    # share of rows masked the way semi-AR decoding sees them (see `block_mask`); 0 is LLaDA's SFT masking alone
+    block_fraction: float = 0.0
+    block_sizes: tuple = (16, 32)
     tasks: tuple = ("math", "code")
     save_every: int = 100
     # NOTE: bf16 autocast made a step ~30x slower on this 2-core CPU (57 s vs 1.9 s); fp32 is the default
@@ -92,26 +95,55 @@ class Batches:
             x[i, :len(p)] = torch.tensor(p)
             x[i, len(p):len(p) + len(a)] = torch.tensor(a)
             answer_region[i, len(p):] = True
-        return x, answer_region
+        return x, answer_region, torch.tensor([len(a) for a in answers])
 
 
-def sft_loss(model, x, answer_region, generator, eps):
+def block_mask(answer_region, answer_len, t, block_sizes, generator):
+    """Masks of the states semi-AR (block or window) decoding visits, with LLaDA's per-row ratio ``t``.
+
+    Per row: a block of ``b`` (drawn from ``block_sizes``) starting inside the answer (at a multiple of ``b`` half the
+    time, as blocks are, anywhere otherwise, as the sliding window is); the answer before it is clean, its positions
+    are masked with probability ``t``, everything after it is masked. Returns (masked, supervised, block): only the
+    block's masked positions carry loss, as the decoder commits only there.
+    """
+    B, L = answer_region.shape
+    start = answer_region.float().argmax(1)
+    sizes = torch.tensor(block_sizes)[torch.randint(len(block_sizes), (B,), generator=generator)]
+    offset = (torch.rand(B, generator=generator) * answer_len).long()  # answer_len counts the end-of-turn token
+    aligned = torch.rand(B, generator=generator) < 0.5
+    offset = torch.where(aligned, offset // sizes * sizes, offset)
+    pos = torch.arange(L)[None, :] - (start + offset)[:, None]  # position relative to the block's start
+    in_block = answer_region & (pos >= 0) & (pos < sizes[:, None])
+    supervised = in_block & (torch.rand(B, L, generator=generator) < t[:, None])
+    masked = supervised | (answer_region & (pos >= sizes[:, None]))
+    return masked, supervised, in_block
+
+
+def sft_loss(model, x, answer_region, generator, eps, answer_len=None, block_fraction=0.0, block_sizes=(16, 32)):
+    """LLaDA's SFT loss; with ``block_fraction`` > 0 that share of rows is masked by `block_mask` instead."""
     B, L = x.shape
     # t ~ U(eps, 1) per row, stratified over the batch (row i in [i/B, (i+1)/B) after a shared random shift):
     # each t is still uniform, but every batch covers the whole range, which steadies the 1/t-weighted loss
     u = (torch.arange(B) + torch.rand(1, generator=generator)) / B
     t = eps + (1 - eps) * u[torch.randperm(B, generator=generator)]
     masked = answer_region & (torch.rand(B, L, generator=generator) < t[:, None])
-    # every row trains on at least one position: the first answer position if the draw masked none
-    none = ~masked.any(1)
-    first = answer_region.float().argmax(1)
+    supervised, region = masked, answer_region
+    if block_fraction > 0:
+        blockwise = (torch.rand(B, generator=generator) < block_fraction)[:, None]
+        b_masked, b_supervised, block = block_mask(answer_region, answer_len, t, block_sizes, generator)
+        masked, supervised = torch.where(blockwise, b_masked, masked), torch.where(blockwise, b_supervised, supervised)
+        region = torch.where(blockwise, block, region)
+    # every row trains on at least one position: the first of its region if the draw masked none there
+    none = ~supervised.any(1)
+    first = region.float().argmax(1)
     masked[none, first[none]] = True
+    supervised[none, first[none]] = True
     noisy = x.masked_fill(masked, model.spec.mask_id)
     hidden = model(noisy, return_logits=False, return_taps=True).taps[2]
-    logits = model.lm_head(hidden[masked]).float()
-    token_loss = F.cross_entropy(logits, x[masked], reduction="none") / t[:, None].expand(B, L)[masked]
-    answer_len = answer_region.sum(1, keepdim=True).expand(B, L)[masked]
-    return (token_loss / answer_len).sum() / B
+    logits = model.lm_head(hidden[supervised]).float()
+    token_loss = F.cross_entropy(logits, x[supervised], reduction="none") / t[:, None].expand(B, L)[supervised]
+    norm = region.sum(1, keepdim=True).expand(B, L)[supervised]
+    return (token_loss / norm).sum() / B
 
 
 def make_optimizer(cfg: TrainConfig, model) -> torch.optim.AdamW:
@@ -197,12 +229,12 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, unit="step")
     t0, window = time.perf_counter(), []
     for step in bar:
-        x, region = batches(step)
+        x, region, answer_len = batches(step)
         gen = torch.Generator().manual_seed(cfg.seed * 7_000_003 + step)
         for group in opt.param_groups:
             group["lr"] = _lr(cfg, step)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            loss = sft_loss(model, x, region, gen, cfg.eps)
+            loss = sft_loss(model, x, region, gen, cfg.eps, answer_len, cfg.block_fraction, cfg.block_sizes)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
