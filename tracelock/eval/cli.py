@@ -6,13 +6,13 @@ import sys
 
 def run_eval_cli(args) -> int:
     from tracelock.distributed import torchrun_group
-    from tracelock.eval.judging import make_judge
+    from tracelock.eval.judging import check_judge_args, make_judge
     from tracelock.eval.runner import parse_policies, parse_settings, run_eval, summary_table
 
     policies, settings = parse_policies(args.policies), parse_settings(args.settings)
     wants_judge = args.judge_url is not None or args.judge_local is not None
     if wants_judge:
-        make_judge(args.judge_url, args.judge_model, args.judge_local)  # bad judge arguments fail before decoding
+        check_judge_args(args.judge_url, args.judge_model, args.judge_local)  # fail before decoding, build nothing
     with torchrun_group(args.device) as (rank, world, device):
         judge = (make_judge(args.judge_url, args.judge_model, args.judge_local,
                             os.environ.get("TRACELOCK_JUDGE_API_KEY")) if wants_judge and rank == 0 else None)

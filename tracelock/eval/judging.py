@@ -13,18 +13,21 @@ from pathlib import Path
 from tracelock.atomic import atomic_write_json
 
 
+def check_judge_args(url: str | None, model: str | None, local: str | None) -> None:
+    """Raise a clear error unless the arguments name exactly one judge (cheap: builds nothing)."""
+    if (url is None) == (local is None):
+        raise ValueError("pass --judge-url URL --judge-model NAME (an OpenAI-compatible server) or --judge-local "
+                         "PATH (a transformers chat model), exactly one of them")
+    if url is not None and not model:
+        raise ValueError("--judge-url needs --judge-model NAME, the served model's name")
+
+
 def make_judge(url: str | None = None, model: str | None = None, local: str | None = None, api_key: str | None = None):
     """An `HTTPJudge` (``url`` + ``model``) or a `LocalJudge` (``local``, a transformers chat model folder)."""
     from tracelock.eval.judge_backends import HTTPJudge, LocalJudge
 
-    if (url is None) == (local is None):
-        raise ValueError("pass --judge-url URL --judge-model NAME (an OpenAI-compatible server) or --judge-local "
-                         "PATH (a transformers chat model), exactly one of them")
-    if url is not None:
-        if not model:
-            raise ValueError("--judge-url needs --judge-model NAME, the served model's name")
-        return HTTPJudge(url, model, api_key)
-    return LocalJudge(local)
+    check_judge_args(url, model, local)
+    return HTTPJudge(url, model, api_key) if url is not None else LocalJudge(local)
 
 
 def _judge_path(out: Path, setting_slug: str) -> Path:
@@ -76,9 +79,10 @@ def judge_run(out, judge, *, retries: int = 2, seed: int = 0, progress=None) -> 
     return written
 
 
-def apply_judgements(out: Path, rows: list) -> list:
-    """``rows`` with metric = average rank, plus top_two_rate and critic_rate, where RUN/judge/ has them."""
-    slugs = {s["label"]: s["slug"] for s in json.loads((out / "manifest.json").read_text())["settings"]}
+def apply_judgements(out: Path, rows: list, settings: list) -> list:
+    """``rows`` with metric = average rank, plus top_two_rate and critic_rate, where RUN/judge/ has them.
+    ``settings`` are the manifest's settings (label and slug)."""
+    slugs = {s["label"]: s["slug"] for s in settings}
     cache = {}
     for row in rows:
         path = _judge_path(out, slugs[row["setting"]])

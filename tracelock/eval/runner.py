@@ -378,7 +378,7 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
     if task.judged:
         from tracelock.eval.judging import apply_judgements
 
-        rows = apply_judgements(out, rows)
+        rows = apply_judgements(out, rows, manifest["settings"])
     _write_summary(out, rows)
     wanted = {(s.label, p.label) for s in settings for p in policies}
     rows = [r for r in rows if (r["setting"], r["policy"]) in wanted]
