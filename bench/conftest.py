@@ -1,15 +1,52 @@
-"""Benchmarks: `pytest bench/ --benchmark` times them; without the flag each body runs once as a smoke test."""
+"""Benchmarks: `pytest bench/ --benchmark` times them; without the flag each body runs once as a smoke test.
 
+One backbone per run (the ``target`` fixture):
+- the bundled testbed model on the CPU (default), its held-out items scored for the metric;
+- ``--shape llada-8b|dream-7b``: random weights at a released shape (meant for a GPU; ``--shape-layers N`` keeps the
+  first N layers where the whole model does not fit); random prompts, so there is no metric;
+- ``--model-path DIR`` (or ``TRACELOCK_MODEL``): a checkpoint folder, scored on ``--bench-task`` when given.
+
+TraceLock needs a controller: ``--controller RUN`` (a `tracelock train` folder). Otherwise the testbed gets a quick
+one (8 traces, 20 optimiser steps; cached under .pytest_cache), which times like any controller of the paper's
+architecture but is barely trained; other backbones get an untrained one (timing only).
+"""
+
+import hashlib
 import os
+import platform
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+QUICK_CONTROLLER = dict(traces=8, steps=20, batch_size=16)  # bump the cache key below when this changes
+QUICK_VERSION = 1
+
 
 def pytest_addoption(parser):
-    parser.addoption("--benchmark", action="store_true", default=False,
-                     help="time the benchmark suites (default: run each body once as a smoke test)")
+    group = parser.getgroup("tracelock benchmarks")
+    group.addoption("--benchmark", action="store_true", default=False,
+                    help="time the benchmark suites (default: run each body once as a smoke test)")
+    group.addoption("--shape", default="testbed", choices=["testbed", "llada-8b", "dream-7b"],
+                    help="backbone: the bundled testbed (default) or random weights at a released shape")
+    group.addoption("--shape-layers", type=int, default=None,
+                    help="with --shape: keep only the first N layers (a model that does not fit whole)")
+    group.addoption("--model-path", default=os.environ.get("TRACELOCK_MODEL"),
+                    help="a LLaDA/Dream checkpoint folder instead of the testbed (default: $TRACELOCK_MODEL)")
+    group.addoption("--bench-task", default=None,
+                    help="task whose items are the prompts and the metric (tracelock eval's --task spec); "
+                         "default testbed:math on the testbed")
+    group.addoption("--bench-items", type=int, default=8, help="prompts per decoding benchmark (one batch)")
+    group.addoption("--gen-length", type=int, default=None,
+                    help="generation length (default: 64 on the testbed, 256 otherwise)")
+    group.addoption("--width", type=int, default=None,
+                    help="block (baselines) and window (TraceLock) width (default: 16 on the testbed, 32 otherwise)")
+    group.addoption("--controller", default=None, help="a `tracelock train` run folder for the TraceLock rows")
+    group.addoption("--device", default=None, help="cpu or cuda (default: cuda when available)")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -17,3 +54,223 @@ def pytest_configure(config):
     # before pytest-benchmark builds its session: without --benchmark it runs each body once, untimed
     if not config.getoption("--benchmark"):
         config.option.benchmark_disable = True
+
+
+@dataclass
+class Target:
+    """The backbone every benchmark of a run uses, its prompts and decoding settings."""
+
+    name: str
+    model: object
+    ids: torch.Tensor  # [N, P] left-padded prompts
+    mask: torch.Tensor  # [N, P] bool
+    gen_length: int
+    block: int
+    tokenizer: object = None
+    task: object = None  # tracelock.eval.tasks.Task, None without a metric
+    items: list = field(default_factory=list)
+
+    @property
+    def float32(self) -> bool:
+        return self.model.embed.weight.dtype == torch.float32
+
+    def metric(self, tokens: torch.Tensor):
+        """The task metric of decoded canvases [N, P + G] (None without a task)."""
+        if self.task is None:
+            return None
+        from tracelock.text import decode_answer
+
+        P = self.ids.shape[1]
+        completions = [decode_answer(self.tokenizer, row[P:].tolist(), self.model.spec.end_ids) for row in tokens]
+        results = self.task.score(self.items, completions)
+        return sum(bool(r) for r in results) / len(results)
+
+
+def _left_pad(prompts: list, pad_id: int, device) -> tuple:
+    P = max(map(len, prompts))
+    ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        ids[i, P - len(p):], mask[i, P - len(p):] = torch.tensor(p), True
+    return ids.to(device), mask.to(device)
+
+
+def _task_target(name, model, tokenizer, spec: str, n: int, gen_length: int, block: int) -> Target:
+    from tracelock.eval.tasks import make_task
+    from tracelock.text import encode_prompt
+
+    task = make_task(spec)
+    items = task.items(n)
+    ids, mask = _left_pad([encode_prompt(tokenizer, it.prompt) for it in items], model.spec.pad_id, model.device)
+    return Target(name, model, ids, mask, gen_length, block, tokenizer, task, items)
+
+
+@pytest.fixture(scope="session")
+def target(request) -> Target:
+    import tracelock
+
+    opt = request.config.getoption
+    n = opt("--bench-items")
+    big = opt("--shape") != "testbed" or opt("--model-path")
+    gen, width = opt("--gen-length") or (256 if big else 64), opt("--width") or (32 if big else 16)
+    device = torch.device(opt("--device") or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if opt("--shape") != "testbed":
+        from tracelock.models.shapes import random_backbone
+
+        model = random_backbone(opt("--shape"), layers=opt("--shape-layers"), device=device,
+                                dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+        # random prompts of 128 ordinary tokens (ids below every special id); LLaDA's paper setting 256 / 32
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, min(model.spec.mask_id, model.spec.eos_id) - 1, (n, 128), generator=g)
+        name = opt("--shape") + (f"-{opt('--shape-layers')}layers" if opt("--shape-layers") else "")
+        return Target(name, model, ids.to(device), torch.ones_like(ids, dtype=torch.bool, device=device), gen, width)
+    if opt("--model-path"):
+        path = opt("--model-path")
+        model = tracelock.load_model(path, device=device,
+                                     dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+        if not opt("--bench-task"):
+            raise pytest.UsageError("--model-path needs --bench-task for its prompts and metric, e.g. "
+                                    "--bench-task gsm8k:PATH/test.jsonl")
+        return _task_target(Path(path).name, model, tracelock.load_tokenizer(path), opt("--bench-task"), n, gen, width)
+    model = tracelock.load_model("testbed", device=device)
+    return _task_target("testbed", model, tracelock.load_tokenizer("testbed"), opt("--bench-task") or "testbed:math",
+                        n, gen, width)
+
+
+def _weights_digest(model) -> str:
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        h.update(name.encode())
+        h.update(p.detach().float().flatten()[:4096].cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _quick_controller(folder: Path, model) -> Path:
+    """collect -> fit-encoder -> featurize -> train on the testbed, at the sizes of QUICK_CONTROLLER; returns
+    the folder, which also holds the traces and the feature cache the trace-store benchmark measures."""
+    from tracelock.features import fit_encoder
+    from tracelock.traces.cache import featurize
+    from tracelock.traces.collect import collect
+    from tracelock.traces.filters import FilterConfig
+    from tracelock.traces.store import iter_traces
+    from tracelock.train.controller import TrainConfig, train
+
+    q = QUICK_CONTROLLER
+    # no filters: the bench needs a controller of the right architecture, and this model answers few items right
+    collect("testbed", "testbed:math", folder / "traces", num=q["traces"], gen_length=64, batch_size=q["traces"],
+            filters=FilterConfig(enabled=False))
+    encoder = fit_encoder(model, iter_traces(folder / "traces"), max_positions=2048)
+    encoder.save(folder / "encoder")
+    featurize(model, encoder, iter_traces(folder / "traces"), folder / "cache", dtype="fp16")
+    train(TrainConfig(cache=str(folder / "cache"), out=str(folder / "ctrl"), steps=q["steps"],
+                      batch_size=q["batch_size"], eval_every=q["steps"], encoder=str(folder / "encoder"),
+                      device="cpu"))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def quick_run(request, target) -> Path | None:
+    """The testbed's quick controller run folder (built once per weights, kept in pytest's cache)."""
+    if target.name != "testbed":
+        return None
+    key = f"tracelock-bench-controller-v{QUICK_VERSION}-{_weights_digest(target.model)}"
+    folder = Path(request.config.cache.mkdir(key))
+    if not (folder / "ctrl" / "best.safetensors").exists():
+        for stale in ("traces", "encoder", "cache", "ctrl"):
+            subprocess.run(["rm", "-rf", str(folder / stale)], check=True)
+        _quick_controller(folder, target.model)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def controller(request, target, quick_run) -> tuple:
+    """(TraceLockPolicy, label) for the TraceLock rows."""
+    from tracelock.policies.tracelock import TraceLockPolicy
+
+    if request.config.getoption("--controller"):
+        path = request.config.getoption("--controller")
+        return TraceLockPolicy(path), f"controller {Path(path).name}"
+    if quick_run is not None:
+        q = QUICK_CONTROLLER
+        return TraceLockPolicy(quick_run / "ctrl"), f"quick controller ({q['traces']} traces, {q['steps']} steps)"
+    from tracelock.controller import Controller, ControllerConfig, controller_fingerprint
+    from tracelock.features import LinearEncoder, TapEncoder, backbone_fingerprint
+
+    D = target.model.spec.hidden_size
+    g = torch.Generator().manual_seed(0)
+    samples = torch.randn(1024, D, generator=g)
+    encoder = TapEncoder(LinearEncoder.fit_pca(samples, min(256, D)), LinearEncoder.fit_pca(samples, min(32, D)),
+                         backbone_fingerprint(target.model))
+    torch.manual_seed(0)
+    config = ControllerConfig(code_dim=encoder.code_dim, groups=encoder.groups,
+                              fingerprint=controller_fingerprint(target.model, encoder))
+    return TraceLockPolicy(Controller(config).eval(), encoder=encoder), "untrained controller (timing only)"
+
+
+POLICIES = ["confidence", "fastdllm-0.9", "tracelock"]
+
+
+def decode_kwargs(target: Target, policy: str, controller) -> dict:
+    """fused_generate's arguments for a policy row at the target's setting: baselines in semi-AR blocks, TraceLock in
+    a sliding window of the same width (the paper's protocol, as `tracelock eval`)."""
+    common = dict(gen_length=target.gen_length, attention_mask=target.mask)
+    if policy == "confidence":
+        return dict(common, policy="confidence", block=target.block)
+    if policy == "fastdllm-0.9":
+        return dict(common, policy="threshold", policy_args={"tau": 0.9}, block=target.block)
+    if policy == "tracelock":
+        return dict(common, policy=controller[0], window=target.block)
+    raise ValueError(f"unknown bench policy {policy!r}; known: {', '.join(POLICIES)}")
+
+
+def pytest_generate_tests(metafunc):
+    # every benchmark with a ``policy`` argument runs once per policy row
+    if "policy" in metafunc.fixturenames:
+        metafunc.parametrize("policy", POLICIES)
+
+
+@pytest.fixture(scope="session")
+def policy_kwargs(target, controller):
+    """``policy_kwargs(policy)``: `decode_kwargs` on this run's target and controller."""
+    return lambda policy: decode_kwargs(target, policy, controller)
+
+
+@pytest.fixture(scope="session")
+def decoded(target, policy_kwargs):
+    """``decoded(runner, policy)``: that loop's (tokens, stats) on the target, computed once per session (the runs
+    every benchmark checks its timed body against)."""
+    import tracelock
+
+    runs = {}
+
+    def get(runner: str, policy: str):
+        if (runner, policy) not in runs:
+            generate = {"reference": tracelock.reference_generate, "fused": tracelock.fused_generate}[runner]
+            runs[runner, policy] = generate(target.model, target.ids, **policy_kwargs(policy))
+        return runs[runner, policy]
+
+    return get
+
+
+def _git_revision() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).parent)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+@pytest.fixture(scope="session")
+def machine() -> dict:
+    """What every benchmark records in extra_info: the machine and the software."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return dict(machine=platform.processor() or platform.machine(), cpus=os.cpu_count(), gpu=gpu,
+                threads=torch.get_num_threads(), torch=torch.__version__, triton=triton_version,
+                git=_git_revision())

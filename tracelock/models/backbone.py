@@ -207,6 +207,9 @@ class DiffusionBackbone(nn.Module):
         if tap_op is not None and not return_taps:
             raise ValueError("tap_op folds the three taps, so it needs tap rows: pass return_taps=True (with "
                              "tap_positions, default all rows) or drop tap_op")
+        if return_taps and len(self.blocks) < 3:
+            raise ValueError(f"return_taps reads the last three layers' hidden states, but this model has "
+                             f"{len(self.blocks)} layers; use a model with at least 3")
         B, L = input_ids.shape
         if L > self.spec.max_positions:
             raise ValueError(f"input_ids has {L} positions but the model supports at most {self.spec.max_positions} "

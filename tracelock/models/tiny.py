@@ -81,7 +81,9 @@ def llada_config(d: int, heads: int, kv: int, layers: int, mlp: int, ids: dict[s
     }
 
 
-def _dream_config(d: int, heads: int, kv: int, layers: int, mlp: int, ids: dict[str, int]) -> dict:
+def dream_config(d: int, heads: int, kv: int, layers: int, mlp: int, ids: dict[str, int], *,
+                 vocab_rows: int = VOCAB_ROWS, max_positions: int = MAX_POSITIONS) -> dict:
+    """A complete Dream config.json (every released field) for the given sizes and special-token ids."""
     return {
         "architectures": ["DreamModel"],
         "attention_dropout": 0.0,
@@ -93,7 +95,7 @@ def _dream_config(d: int, heads: int, kv: int, layers: int, mlp: int, ids: dict[
         "initializer_range": 0.02,
         "intermediate_size": mlp,
         "mask_token_id": ids["mask_token"],
-        "max_position_embeddings": MAX_POSITIONS,
+        "max_position_embeddings": max_positions,
         # the release sets it to its layer count
         "max_window_layers": layers,
         "model_type": "Dream",
@@ -111,7 +113,7 @@ def _dream_config(d: int, heads: int, kv: int, layers: int, mlp: int, ids: dict[
         "use_cache": True,
         "use_mrope": False,
         "use_sliding_window": False,
-        "vocab_size": VOCAB_ROWS,
+        "vocab_size": vocab_rows,
     }
 
 
@@ -263,7 +265,7 @@ def write_tiny_checkpoint(
     # ids beyond the tokenizer are the padding rows; the mask/eos/pad ids must stay inside the tokenizer
     assert max(ids.values()) < VOCAB_ROWS
     sizes = PROFILES[profile][family]
-    make_config = llada_config if family == "llada" else _dream_config
+    make_config = llada_config if family == "llada" else dream_config
     (folder / "config.json").write_text(json.dumps(make_config(*sizes, ids), indent=2) + "\n")
     gen_config = generation_config(family, ids)
     (folder / "generation_config.json").write_text(json.dumps(gen_config, indent=2) + "\n")

@@ -1,0 +1,90 @@
+"""Markdown tables from one `pytest bench/ --benchmark --benchmark-json=FILE` run (ratios within that run only).
+
+usage: python bench/tables.py FILE
+"""
+
+import json
+import sys
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f} ms" if seconds < 1 else f"{seconds:,.2f} s"
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _rows(benchmarks: list, prefix: str) -> list:
+    return [b for b in benchmarks if b["group"].startswith(prefix)]
+
+
+def decode_table(benchmarks: list) -> list:
+    """One row per policy: fused and reference seconds per sample, their ratio, steps, tokens/s, the metric."""
+    by_policy = {}
+    for b in _rows(benchmarks, "decode-"):
+        by_policy.setdefault(b["extra_info"]["policy"], {})[b["extra_info"]["runner"]] = b
+    lines = ["| policy | schedule | fused s/sample | reference s/sample | reference / fused | mean steps | "
+             "tokens/s (fused) | metric |", "|---|---|---|---|---|---|---|---|"]
+    for policy, runs in by_policy.items():
+        fused, ref = runs.get("fused"), runs.get("reference")
+        info = (fused or ref)["extra_info"]
+        n = info["items"]
+        f_med = fused["stats"]["median"] if fused else None
+        r_med = ref["stats"]["median"] if ref else None
+        lines.append(
+            f"| {policy} | {info['schedule']} {info['width']} | {_ms(f_med / n) if f_med else '-'} | "
+            f"{_ms(r_med / n) if r_med else '-'} | {_fmt(r_med / f_med if f_med and r_med else None, '.2f')}x | "
+            f"{info['mean_steps']:.1f} | {_fmt(info['gen_tokens'] / f_med if f_med else None, ',.1f')} | "
+            f"{_fmt(info['metric'], '.1%')} |")
+    return lines
+
+
+def step_table(benchmarks: list) -> list:
+    rows = {b["extra_info"]["row"]: b for b in _rows(benchmarks, "step-")}
+    if not {"bare-forward", "tracelock"} <= set(rows):
+        return []
+    n = rows["tracelock"]["extra_info"]["forwards"]
+    bare, step = rows["bare-forward"]["stats"]["median"] / n, rows["tracelock"]["stats"]["median"] / n
+    return [f"| per step (forwards: {n}) | bare forward | TraceLock step | TraceLock / bare |",
+            "|---|---|---|---|", f"| median | {_ms(bare)} | {_ms(step)} | {step / bare:.2f}x |"]
+
+
+def kernel_table(benchmarks: list) -> list:
+    lines = ["| op and shape | impl | median | GB/s | TFLOP/s | share of ceiling (bytes / FLOPs) |",
+             "|---|---|---|---|---|---|"]
+    for b in sorted((b for b in benchmarks if b["group"].split("-")[0] in
+                     ("window_logits_stats", "tap_project", "commit_step")), key=lambda b: (b["group"], b["name"])):
+        i = b["extra_info"]
+        share = (f"{i['bandwidth_share']:.0%} / {i['flop_share']:.0%}" if "bandwidth_share" in i else "-")
+        lines.append(f"| {b['group']} | {i['impl']} | {_ms(b['stats']['median'])} | "
+                     f"{_fmt(i.get('gb_per_s'), ',.1f')} | {_fmt(i.get('tflop_per_s'), ',.3f')} | {share} |")
+    return lines if len(lines) > 2 else []
+
+
+def store_table(benchmarks: list) -> list:
+    lines = ["| store | traces | bytes per trace | reference release / this | read all back |", "|---|---|---|---|---|"]
+    for b in _rows(benchmarks, "trace-store"):
+        i = b["extra_info"]
+        lines.append(f"| {i['store']} | {i['traces']} | {i['bytes_per_trace']:,.0f} | "
+                     f"{i['reference_release_ratio']:,.0f}x | {_ms(b['stats']['median'])} |")
+    return lines if len(lines) > 2 else []
+
+
+def main(path: str) -> None:
+    data = json.load(open(path))
+    benchmarks = data["benchmarks"]
+    info = next((b["extra_info"] for b in benchmarks if "machine" in b["extra_info"]), {})
+    print(f"Machine: {info.get('gpu') or info.get('machine')} ({info.get('cpus')} CPUs, {info.get('threads')} "
+          f"threads), torch {info.get('torch')}, triton {info.get('triton')}, git {info.get('git')}, "
+          f"{data.get('datetime', '')[:10]}\n")
+    for table in (decode_table, step_table, kernel_table, store_table):
+        lines = table(benchmarks)
+        if lines:
+            print("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])

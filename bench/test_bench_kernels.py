@@ -1,0 +1,133 @@
+"""The fused ops vs their torch references (`tracelock.kernels.ref`) at the target's decode shapes.
+
+- ``window_logits_stats``: the LM head on a step's window rows (B x width) plus the greedy signals;
+- ``tap_project``: the three taps of every canvas position folded into the controller's inputs (B x (P + G) rows);
+- ``commit_step``: TraceLock's commit rule on the window's slots.
+
+The Triton rows run on a CUDA device only (under TRITON_INTERPRET=1 on a CPU they would time the interpreter).
+extra_info has the bytes and FLOPs each call must move; with timings on, the achieved GB/s and TFLOP/s, and on a
+known GPU the share of its ceiling.
+"""
+
+import pytest
+import torch
+
+from tracelock import ops
+from tracelock.states import ACTIVE, PROMPT
+
+# (HBM bytes/s, dense bf16 FLOP/s) from the vendors' data sheets; the first name that the device name contains wins
+CEILINGS = [("H100 PCIe", 2.0e12, 756e12), ("H100", 3.35e12, 989e12), ("H200", 4.8e12, 989e12)]
+IMPLS = ["torch", "triton"]
+
+
+def _impl_or_skip(impl: str, device: torch.device) -> None:
+    if impl == "triton" and device.type != "cuda":
+        pytest.skip("Triton rows need a CUDA device (the interpreter's speed means nothing)")
+
+
+def _record(benchmark, machine, bytes_moved: float, flops: float, **info) -> None:
+    benchmark.extra_info.update(machine, bytes=bytes_moved, flops=flops, **info)
+
+
+def _throughput(benchmark, machine) -> None:
+    """After timing: achieved GB/s and TFLOP/s of the median call, and the share of the GPU's ceiling."""
+    if benchmark.disabled or benchmark.stats is None:
+        return
+    median = benchmark.stats.stats.median
+    info = benchmark.extra_info
+    info.update(gb_per_s=info["bytes"] / median / 1e9, tflop_per_s=info["flops"] / median / 1e12)
+    for name, bandwidth, flop_rate in CEILINGS:
+        if machine["gpu"] and name in machine["gpu"]:
+            info.update(bandwidth_share=info["bytes"] / median / bandwidth,
+                        flop_share=info["flops"] / median / flop_rate)
+            break
+
+
+def _sizes(target):
+    B, P = target.ids.shape
+    return B, P + target.gen_length, target.block
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_window_logits_stats(benchmark, target, machine, impl):
+    model = target.model
+    _impl_or_skip(impl, model.device)
+    B, L, width = _sizes(target)
+    g = torch.Generator(device=model.device).manual_seed(0)
+    weight = model.lm_head.weight
+    hidden = torch.randn(B * width, weight.shape[1], generator=g, device=model.device, dtype=weight.dtype)
+    # check before timing: the proposals equal the spec's and the probabilities agree
+    from tracelock.kernels.ref import window_logits_stats_ref
+
+    ref = window_logits_stats_ref(hidden, weight, model.spec.eos_id)
+    got = ops.window_logits_stats(hidden, weight, model.spec.eos_id, impl=impl)
+    assert torch.equal(ref[0], got[0])
+    for r, o in zip(ref[1:], got[1:]):
+        torch.testing.assert_close(o, r, rtol=1e-3, atol=1e-5)
+
+    R, (V, D) = hidden.shape[0], weight.shape
+    benchmark.group = f"window_logits_stats-{target.name}-R{R}-V{V}-D{D}"
+    _record(benchmark, machine, V * D * weight.element_size() + R * D * hidden.element_size() + 5 * R * 4,
+            2 * R * V * D, impl=impl, dtype=str(weight.dtype))
+    benchmark.pedantic(lambda: ops.window_logits_stats(hidden, weight, model.spec.eos_id, impl=impl), rounds=20,
+                       warmup_rounds=2)
+    _throughput(benchmark, machine)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_tap_project(benchmark, target, controller, machine, impl):
+    model = target.model
+    _impl_or_skip(impl, model.device)
+    B, L, _ = _sizes(target)
+    A, c = controller[0].tap_fold(model)
+    g = torch.Generator(device=model.device).manual_seed(0)
+    dtype = model.embed.weight.dtype
+    taps = [torch.randn(B * L, A.shape[1], generator=g, device=model.device, dtype=dtype) for _ in range(3)]
+    A = A.to(dtype) if model.device.type == "cuda" else A  # the tensor-core path takes A in the taps' dtype
+    from tracelock.kernels.ref import tap_project_ref
+
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(ops.tap_project(*taps, A, c, impl=impl), tap_project_ref(*taps, A, c), rtol=tol,
+                               atol=tol)
+
+    T, D, N = taps[0].shape[0], A.shape[1], A.shape[2]
+    benchmark.group = f"tap_project-{target.name}-T{T}-D{D}-N{N}"
+    _record(benchmark, machine, 3 * T * D * taps[0].element_size() + 3 * D * N * A.element_size() + T * N * 4,
+            2 * 3 * T * D * N, impl=impl, dtype=str(dtype))
+    benchmark.pedantic(lambda: ops.tap_project(*taps, A, c, impl=impl), rounds=20, warmup_rounds=2)
+    _throughput(benchmark, machine)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_commit_step(benchmark, target, machine, impl):
+    device = target.model.device
+    _impl_or_skip(impl, device)
+    B, L, R = _sizes(target)
+    P = L - target.gen_length
+    g = torch.Generator(device=device).manual_seed(0)
+    score = torch.randn(B, R, generator=g, device=device) * 4
+    tau = torch.randn(B, generator=g, device=device)
+    active = torch.ones(B, R, dtype=torch.bool, device=device)
+    proposal = torch.randint(0, 100, (B, R), generator=g, device=device)
+    positions = (P + torch.arange(R, device=device)).expand(B, -1).contiguous()
+    x = torch.randint(0, 100, (B, L), generator=g, device=device)
+    state = torch.full((B, L), ACTIVE, dtype=torch.uint8, device=device)
+    state[:, :P] = PROMPT
+    end_ids = torch.tensor(target.model.spec.end_ids, device=device)
+
+    def step():
+        # the op writes the canvas in place: each call gets fresh copies (timed for both impls alike)
+        xs, ss = x.clone(), state.clone()
+        return ops.commit_step(score, tau, active, proposal, positions, xs, ss, end_ids, 0.95, 0, impl=impl), xs, ss
+
+    from tracelock.kernels.ref import commit_step_ref
+
+    xr, sr = x.clone(), state.clone()
+    ref = commit_step_ref(score, tau, active, proposal, positions, xr, sr, end_ids, 0.95, 0)
+    got, xs, ss = step()
+    assert all(torch.equal(a, b) for a, b in zip(ref, got)) and torch.equal(xr, xs) and torch.equal(sr, ss)
+
+    benchmark.group = f"commit_step-{target.name}-B{B}-R{R}-L{L}"
+    _record(benchmark, machine, B * R * (4 + 1 + 8 + 8) + B * 4 + 2 * B * L * (8 + 1), 0, impl=impl)
+    benchmark.pedantic(step, rounds=50, warmup_rounds=2)
+    _throughput(benchmark, machine)
