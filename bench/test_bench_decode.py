@@ -42,4 +42,7 @@ def test_decode(benchmark, target, controller, machine, decoded, policy_kwargs, 
         agreement=agreement, impl=os.environ.get("TRACELOCK_IMPL", "auto"),
         controller=controller[1] if policy == "tracelock" else None)
     kwargs = policy_kwargs(policy)
-    benchmark.pedantic(lambda: RUNNERS[runner](target.model, target.ids, **kwargs), rounds=3, warmup_rounds=1)
+    benchmark.pedantic(lambda: RUNNERS[runner](target.model, target.ids, **kwargs), rounds=5, warmup_rounds=1)
+    if not benchmark.disabled:
+        median = benchmark.stats.stats.median
+        benchmark.extra_info.update(seconds_per_sample=median / n, tokens_per_second=sum(stats.gen_lengths) / median)

@@ -42,4 +42,4 @@ def test_step(benchmark, target, controller, machine, decoded, policy_kwargs, ro
     B = target.ids.shape[0]
     benchmark.group = f"step-{target.name}-B{B}-gen{target.gen_length}-window{target.block}-forwards{n}"
     benchmark.extra_info.update(machine, row=row, forwards=n, items=B, controller=controller[1])
-    benchmark.pedantic(body, rounds=3, warmup_rounds=1)
+    benchmark.pedantic(body, rounds=5, warmup_rounds=1)
