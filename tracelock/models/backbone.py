@@ -26,6 +26,29 @@ class BackboneOutput:
     hidden: torch.Tensor | None = None  # [B, R, D] norm_f(h_n) at logit_positions (the LM head's input)
     stats: tuple | None = None  # [B, R] each: head_op's outputs at logit_positions
     tap_inputs: torch.Tensor | None = None  # [B, T, N]: tap_op's outputs at tap_positions
+    kv_cache: "KVCache | None" = None  # with store_kv: every position's keys and values
+
+
+@dataclass
+class KVCache:
+    """Keys and values of every canvas position, per layer, from one full forward (a *refresh*).
+
+    Keys are stored after RoPE: a canvas position keeps its position for the whole decode, so the rotation done at
+    the refresh is the one a later step would do (Fast-dLLM stores them before RoPE and rotates all of them again
+    on every call). Shapes: ``keys[i]``, ``values[i]`` [B, n_kv, L, head_dim].
+    """
+
+    keys: list
+    values: list
+
+    def select(self, rows: torch.Tensor) -> "KVCache":
+        """The cache of batch rows ``rows`` (a copy)."""
+        return KVCache([k[rows] for k in self.keys], [v[rows] for v in self.values])
+
+    def write(self, rows: torch.Tensor, other: "KVCache") -> None:
+        """Replace batch rows ``rows`` with ``other``'s (a refresh of those rows), in place."""
+        for mine, theirs in zip(self.keys + self.values, other.keys + other.values):
+            mine[rows] = theirs
 
 
 class RMSNorm(nn.Module):
@@ -74,12 +97,21 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d, self.n_kv * hd, bias=spec.qkv_bias)
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
 
-    def forward(self, x, cos, sin, attn_mask, causal=False):
+    def forward(self, x, cos, sin, attn_mask, causal=False, past=None, store=None):
+        """``store`` (a list) receives this layer's (keys, values); ``past`` = (keys, values, index): the cached
+        keys/values of every position, with this call's rows (canvas positions ``index`` [B, 1, Q, 1]) replacing
+        theirs, so the Q query rows attend to all L keys."""
         B, L, _ = x.shape
         q = self.q_proj(x).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin, self.rope_fp32), apply_rope(k, cos, sin, self.rope_fp32)
+        if store is not None:
+            store.append((k, v))
+        if past is not None:
+            k_all, v_all, index = past
+            index = index.expand(-1, self.n_kv, -1, self.head_dim)
+            k, v = k_all.scatter(2, index, k), v_all.scatter(2, index, v)
         if self.n_kv != self.n_heads:
             # GQA: query head j reads key/value head j // group
             group = self.n_heads // self.n_kv
@@ -107,8 +139,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MLP(spec)
 
-    def forward(self, x, cos, sin, attn_mask, causal=False):
-        h = x + self.attn(self.attn_norm(x), cos, sin, attn_mask, causal)
+    def forward(self, x, cos, sin, attn_mask, causal=False, past=None, store=None):
+        h = x + self.attn(self.attn_norm(x), cos, sin, attn_mask, causal, past, store)
         return h + self.mlp(self.mlp_norm(h))
 
 
@@ -117,6 +149,20 @@ def _gather_rows(x, positions):
     if positions is None:
         return x
     return torch.gather(x, 1, positions[..., None].expand(-1, -1, x.shape[-1]))
+
+
+def _rows_in(query_positions, positions, L: int, name: str):
+    """Indices into the query rows [B, Q] of canvas ``positions`` [B, R] (None: every query row)."""
+    if positions is None:
+        return None
+    B, Q = query_positions.shape
+    where = torch.full((B, L), -1, dtype=torch.long, device=query_positions.device)
+    where.scatter_(1, query_positions, torch.arange(Q, device=where.device).expand(B, Q))
+    rows = where.gather(1, positions)
+    if bool((rows < 0).any()):
+        raise ValueError(f"{name} asks for positions that are not among query_positions; a cached step computes "
+                         "only those rows: add the positions to query_positions")
+    return rows
 
 
 class DiffusionBackbone(nn.Module):
@@ -146,25 +192,28 @@ class DiffusionBackbone(nn.Module):
         return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
 
     def predict(self, input_ids, positions, attention_mask=None, *, return_taps=False, tap_positions=None,
-                return_hidden=False, head_op=None, tap_op=None):
+                return_hidden=False, head_op=None, tap_op=None, store_kv=False, kv_cache=None, query_positions=None):
         """Logits that predict the tokens at canvas ``positions`` [B, R] (or, with ``return_hidden``, the LM
         head's input there instead, or with ``head_op`` its outputs there), and optionally taps (or with
         ``tap_op`` the controller inputs folded from them); see `forward`.
 
         This is what decoding calls: the family's shift (`ModelSpec.output_rows`) is applied here, once,
-        to the logits and to the tap positions (features get the same shift as the logits).
+        to the logits and to the tap positions (features get the same shift as the logits). ``query_positions``
+        (a cached step) are output rows, not shifted here: they must include ``output_rows(positions)``.
         """
         out = self.forward(input_ids, attention_mask, logit_positions=self.spec.output_rows(positions),
                            return_logits=not return_hidden and head_op is None, return_hidden=return_hidden,
                            return_taps=return_taps,
                            tap_positions=None if tap_positions is None else self.spec.output_rows(tap_positions),
-                           head_op=head_op, tap_op=tap_op)
+                           head_op=head_op, tap_op=tap_op, store_kv=store_kv, kv_cache=kv_cache,
+                           query_positions=query_positions)
         return out
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, *, logit_positions=None,
                 return_logits=None, return_hidden=False, return_taps=False, tap_positions=None,
-                head_op=None, tap_op=None, causal=False) -> BackboneOutput:
-        """Run the backbone.
+                head_op=None, tap_op=None, causal=False, store_kv=False, kv_cache=None,
+                query_positions=None) -> BackboneOutput:
+        """Run the backbone (every position, or with ``kv_cache`` only the ``query_positions`` rows).
 
         Args:
             input_ids (torch.Tensor): [B, L] int64 tokens.
@@ -190,6 +239,11 @@ class DiffusionBackbone(nn.Module):
                 third tap, and the op reads the three in one pass.
             causal (bool): a causal attention mask instead of the diffusion models' full attention. Only the
                 testbed's AR calibration (`tracelock.testbed.ar_calibration`) uses it; no decoder does.
+            store_kv (bool): also return every position's keys and values (`KVCache`): a cache refresh.
+            kv_cache (KVCache, optional): recompute only the rows at ``query_positions`` [B, Q] (canvas positions;
+                a row may repeat its last position as padding): they attend to the cached keys/values of every
+                other position and to their own fresh ones. ``logit_positions`` and ``tap_positions`` must lie
+                among them. ``input_ids`` is still the whole canvas [B, L].
 
         Returns:
             BackboneOutput: raw (unshifted) logits [B, R, V], the LM head's input [B, R, D], the taps
@@ -198,6 +252,11 @@ class DiffusionBackbone(nn.Module):
         """
         if return_logits is None:
             return_logits = head_op is None
+        if (kv_cache is None) != (query_positions is None):
+            raise ValueError("kv_cache and query_positions go together: pass both (a cached step) or neither")
+        if kv_cache is not None and (causal or store_kv):
+            raise ValueError("a cached step (kv_cache) cannot also be causal or store_kv; refresh with a full "
+                             "forward (store_kv=True, no kv_cache)")
         if causal and attention_mask is not None:
             raise ValueError("causal=True takes no attention_mask (the causal mask is the only mask); pass "
                              "unpadded rows or causal=False")
@@ -216,16 +275,25 @@ class DiffusionBackbone(nn.Module):
                              f"(max positions in config.json); shorten the prompt or gen_length")
         if position_ids is None:
             position_ids = self.positions_for(attention_mask, B, L)
-        cos, sin = rope_cos_sin(position_ids, self.spec.head_dim, self.spec.rope_theta)
         # key-padding mask only: pad keys are hidden from everyone; pad query rows are never read.
         # Callers pass None when nothing is padded (checking here would cost a host sync).
         attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        past = index = None
+        if kv_cache is not None:
+            # only the query rows run; positions asked for are re-indexed into them
+            logit_positions = _rows_in(query_positions, logit_positions, L, "logit_positions")
+            tap_positions = _rows_in(query_positions, tap_positions, L, "tap_positions") if return_taps else None
+            input_ids, position_ids = input_ids.gather(1, query_positions), position_ids.gather(1, query_positions)
+            index = query_positions[:, None, :, None]
+        cos, sin = rope_cos_sin(position_ids, self.spec.head_dim, self.spec.rope_theta)
 
         x = self.embed(input_ids)
         n = len(self.blocks)
-        taps = []
+        taps, stored = [], [] if store_kv else None
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, attn_mask, causal)
+            if kv_cache is not None:
+                past = (kv_cache.keys[i], kv_cache.values[i], index)
+            x = block(x, cos, sin, attn_mask, causal, past, stored)
             if return_taps and i in (n - 3, n - 2):
                 taps.append(_gather_rows(x, tap_positions))
         logits = hidden = stats = None
@@ -244,4 +312,6 @@ class DiffusionBackbone(nn.Module):
                 T, D = taps[0].shape[1:]
                 tap_inputs = tap_op(*(t.reshape(B * T, D) for t in taps)).reshape(B, T, -1)
         taps = tuple(taps) if return_taps and tap_op is None else None
-        return BackboneOutput(logits=logits, taps=taps, hidden=hidden, stats=stats, tap_inputs=tap_inputs)
+        cache = KVCache([k for k, _ in stored], [v for _, v in stored]) if store_kv else None
+        return BackboneOutput(logits=logits, taps=taps, hidden=hidden, stats=stats, tap_inputs=tap_inputs,
+                              kv_cache=cache)
