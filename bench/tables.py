@@ -34,7 +34,7 @@ def decode_table(benchmarks: list) -> list:
         r_med = ref["stats"]["median"] if ref else None
         lines.append(
             f"| {policy} | {info['schedule']} {info['width']} | {_ms(f_med / n) if f_med else '-'} | "
-            f"{_ms(r_med / n) if r_med else '-'} | {_fmt(r_med / f_med if f_med and r_med else None, '.2f')}x | "
+            f"{_ms(r_med / n) if r_med else '-'} | {f'{r_med / f_med:.2f}x' if f_med and r_med else '-'} | "
             f"{info['mean_steps']:.1f} | {_fmt(info['gen_tokens'] / f_med if f_med else None, ',.1f')} | "
             f"{_fmt(info['metric'], '.1%')} |")
     return lines

@@ -44,8 +44,7 @@ def _throughput(benchmark, machine) -> None:
 
 
 def _sizes(target):
-    B, P = target.ids.shape
-    return B, P + target.gen_length, target.block
+    return target.batch, target.prompt_len + target.gen_length, target.block
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -81,7 +80,7 @@ def test_tap_project(benchmark, target, controller, machine, impl):
     B, L, _ = _sizes(target)
     A, c = controller[0].tap_fold(model)
     g = torch.Generator(device=model.device).manual_seed(0)
-    dtype = model.embed.weight.dtype
+    dtype = model.dtype
     taps = [torch.randn(B * L, A.shape[1], generator=g, device=model.device, dtype=dtype) for _ in range(3)]
     A = A.to(dtype) if model.device.type == "cuda" else A  # the tensor-core path takes A in the taps' dtype
     from tracelock.kernels.ref import tap_project_ref

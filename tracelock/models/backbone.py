@@ -159,7 +159,9 @@ def _rows_in(query_positions, positions, L: int, name: str):
     where = torch.full((B, L), -1, dtype=torch.long, device=query_positions.device)
     where.scatter_(1, query_positions, torch.arange(Q, device=where.device).expand(B, Q))
     rows = where.gather(1, positions)
-    if bool((rows < 0).any()):
+    # checked on the CPU only: on a GPU it would cost a host sync every step, and a missing row (-1) still stops
+    # the later gather with a device-side index error, only with a less helpful message
+    if not rows.is_cuda and bool((rows < 0).any()):
         raise ValueError(f"{name} asks for positions that are not among query_positions; a cached step computes "
                          "only those rows: add the positions to query_positions")
     return rows
