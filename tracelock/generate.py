@@ -34,7 +34,7 @@ def _op_impls(impl: str | None) -> tuple:
 
 def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
                    attention_mask=None, temperature=0.0, cfg_scale=0.0, stop_at_eot=False, idle_steps=False,
-                   seed=0, impl=None, observer=None):
+                   seed=0, cache=None, refresh_every=None, refresh_shift=None, impl=None, observer=None):
     """Decode ``gen_length`` tokens after each prompt with a commitment policy.
 
     Args:
@@ -51,6 +51,12 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
         stop_at_eot (bool): a committed end token finishes its row. Default: False (paper presets).
         idle_steps (bool): reproduce the reference release's block-advance artifact. Default: False.
         seed (int): seed of sampling and random policies. Default: 0.
+        cache (str, optional): approximate KV cache (`tracelock.decode.kv_cache`): "prefix" recomputes the
+            positions from the last refresh's pointer to the end, "dual" only up to the commit region's end.
+            A refresh is a full forward that is also a step. Default: None (every step is a full forward).
+        refresh_every (int, optional): with ``cache``, also refresh a row after this many steps. Default: None.
+        refresh_shift (int, optional): with ``cache`` and ``window``, refresh a row when its window's left end has
+            moved this far since the last refresh. Default: window // 2. Blocks refresh at every block start.
         impl (str, optional): op implementations: "torch" (the specs), "cpp" (C++ commits, torch scoring),
             "triton" (Triton scoring, torch commits) or "cuda" (CUDA commits, Triton scoring). Default:
             ``TRACELOCK_IMPL``, else each op's fastest available.
@@ -70,6 +76,7 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
     return run_decode(model, input_ids, policy=policy, gen_length=gen_length, block=block, window=window,
                       policy_args=policy_args, attention_mask=attention_mask, temperature=temperature,
                       cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed, observer=observer,
+                      cache=cache, refresh_every=refresh_every, refresh_shift=refresh_shift,
                       apply_commits=partial(ops.apply_commits, impl=commits_impl),
                       skip_blocks=partial(ops.skip_finished_blocks, impl=blocks_impl),
                       window_stats=partial(ops.window_logits_stats, impl=kernels_impl),

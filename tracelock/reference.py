@@ -6,7 +6,7 @@ from tracelock.kernels.ref import apply_commits_ref, skip_finished_blocks_ref
 
 def reference_generate(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
                        attention_mask=None, temperature=0.0, cfg_scale=0.0, stop_at_eot=False, idle_steps=False,
-                       seed=0, impl=None, observer=None):
+                       seed=0, cache=None, refresh_every=None, refresh_shift=None, impl=None, observer=None):
     """Decode with plain-PyTorch ops; same signature and results as `tracelock.fused_generate`.
 
     ``impl`` exists only to keep the signatures identical: the reference always runs the torch spec.
@@ -17,4 +17,5 @@ def reference_generate(model, input_ids, *, policy, gen_length, block=None, wind
     return run_decode(model, input_ids, policy=policy, gen_length=gen_length, block=block, window=window,
                       policy_args=policy_args, attention_mask=attention_mask, temperature=temperature,
                       cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed, observer=observer,
+                      cache=cache, refresh_every=refresh_every, refresh_shift=refresh_shift,
                       apply_commits=apply_commits_ref, skip_blocks=skip_finished_blocks_ref)

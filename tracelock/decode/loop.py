@@ -7,7 +7,7 @@ itself calls the ops: `ops.window_logits_stats` in place of the LM head, so the 
 for a policy with a linear tap fold (`Policy.tap_fold`: TraceLock with a linear encoder), `ops.tap_project`
 on the three taps, so the policy gets its controller inputs (``StepInput.tap_inputs``) instead of the taps.
 Everything else (the policy, the step accounting) is shared, and the two must give identical tokens and step
-counts.
+counts. With ``cache="prefix"|"dual"`` both run the same approximate KV cache (`tracelock.decode.kv_cache`).
 """
 
 import time
@@ -18,6 +18,7 @@ import torch
 
 from tracelock import states
 from tracelock.decode.canvas import Canvas, prepare_canvas
+from tracelock.decode.kv_cache import DecodeKVCache, default_refresh_shift, validate_cache
 from tracelock.decode.schedule import Schedule
 from tracelock.models.backbone import DiffusionBackbone
 from tracelock.policies import make_policy
@@ -51,6 +52,7 @@ class DecodeStats:
     commits_per_step: list  # [B] lists: tokens committed at each of the row's steps
     seconds: float  # wall-clock of the whole run
     gen_lengths: list  # [B] generated tokens before the first end token
+    refreshes: list = field(default_factory=list)  # [B] KV-cache refresh forwards among each row's steps
     settings: dict = field(default_factory=dict)
 
     @property
@@ -73,14 +75,24 @@ def _scatter(values: torch.Tensor, into: torch.Tensor, positions: torch.Tensor) 
     return wide.scatter(1, positions, values.to(into.dtype))[:, :-1].contiguous()
 
 
-def _denoise_step(model, canvas: Canvas, rows, positions, cfg_scale, tap_positions=None):
-    """Logits [b, R, V] that predict the canvas positions [b, R] of the given rows, and the taps if asked."""
+def _forward(model, canvas: Canvas, rows, positions, tap_positions, cfg_scale, head_op=None, tap_op=None,
+             **cache_args):
+    """One forward of the given rows: (scores, taps, kv_cache).
+
+    ``scores`` are the logits [b, R, V] that predict canvas ``positions`` [b, R] (CFG applied), or, with ``head_op``
+    (`ops.window_logits_stats`: the LM head and its softmax statistics in one pass, greedy without CFG only), its
+    [b, R] stats, so no logits are written. ``taps`` are the three taps at ``tap_positions`` [b, T] (None: no taps),
+    or with ``tap_op`` a 1-tuple of the controller inputs folded from them. ``cache_args`` (store_kv, kv_cache,
+    query_positions) go to the backbone; ``kv_cache`` is its stored cache (a refresh) or None.
+    """
     x = canvas.x[rows]
     mask = None if canvas.attention_mask is None else canvas.attention_mask[rows]
     taps = tap_positions is not None
     if cfg_scale == 0:
-        out = model.predict(x, positions, mask, return_taps=taps, tap_positions=tap_positions)
-        return out.logits, out.taps
+        out = model.predict(x, positions, mask, return_taps=taps, tap_positions=tap_positions, head_op=head_op,
+                            tap_op=tap_op, **cache_args)
+        folded = None if out.tap_inputs is None else (out.tap_inputs,)
+        return out.logits if head_op is None else out.stats, out.taps if tap_op is None else folded, out.kv_cache
     # LLaDA's CFG: the unconditional input masks the whole prompt; both halves in one forward
     uncond = x.masked_fill(canvas.state[rows] == states.PROMPT, model.spec.mask_id)
     out = model.predict(torch.cat([x, uncond]), torch.cat([positions, positions]),
@@ -88,19 +100,7 @@ def _denoise_step(model, canvas: Canvas, rows, positions, cfg_scale, tap_positio
                         tap_positions=None if not taps else torch.cat([tap_positions, tap_positions]))
     cond, un = out.logits.chunk(2)
     # the controller reads the conditional pass's hidden states
-    return apply_cfg(cond, un, cfg_scale), None if not taps else tuple(t.chunk(2)[0] for t in out.taps)
-
-
-def _fused_signals(model, canvas: Canvas, rows, positions, tap_positions, window_stats, tap_op):
-    """Greedy signals [b, R] of the given rows' slots, the taps and the folded taps, without the [b, R, V]
-    logits: the forward applies ``window_stats`` (`ops.window_logits_stats`: the LM head and its softmax statistics
-    in one pass) to the LM head's input, and ``tap_op`` (when given) to the taps, returning its output instead of
-    them. The same signals as `compute_signals` on the logits at temperature 0."""
-    mask = None if canvas.attention_mask is None else canvas.attention_mask[rows]
-    out = model.predict(canvas.x[rows], positions, mask, return_taps=tap_positions is not None,
-                        tap_positions=tap_positions, head_op=window_stats, tap_op=tap_op)
-    proposal, max_prob, second_prob, neg_entropy, eos_prob = out.stats
-    return Signals(proposal, max_prob, max_prob - second_prob, neg_entropy, eos_prob), out.taps, out.tap_inputs
+    return apply_cfg(cond, un, cfg_scale), None if not taps else tuple(t.chunk(2)[0] for t in out.taps), None
 
 
 def _fold_taps(tap_project, A, c, h1, h2, h3):
@@ -118,16 +118,21 @@ def _gen_lengths(canvas: Canvas, end_ids) -> list:
 @torch.no_grad()
 def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
                attention_mask=None, temperature=0.0, cfg_scale=0.0, stop_at_eot=False, idle_steps=False, seed=0,
-               apply_commits, skip_blocks, window_stats=None, tap_project=None, commit_step=None, observer=None):
+               cache=None, refresh_every=None, refresh_shift=None, apply_commits, skip_blocks, window_stats=None,
+               tap_project=None, commit_step=None, observer=None):
     """The loop behind `fused_generate` and `reference_generate` (see there); ``observer``, when given, is
     called with a `StepRecord` at every step (trace recording). ``apply_commits`` and ``skip_blocks`` are the
     per-step bookkeeping ops (`tracelock.ops` or their specs). ``window_stats`` (fused only) scores greedy
     steps without CFG inside the forward, from the LM head's input; other steps, and the reference, go through
     the logits. ``tap_project`` (fused only, with ``window_stats``) folds the taps inside those forwards for a
     policy whose `Policy.tap_fold` is not None. ``commit_step`` (fused only) closes the steps of policies whose
-    ``commit_rule`` is that op's rule."""
+    ``commit_rule`` is that op's rule. ``cache`` / ``refresh_every`` / ``refresh_shift``: the approximate KV cache
+    (`tracelock.decode.kv_cache`)."""
     _check_options(model, temperature, cfg_scale)
     schedule = Schedule(gen_length, block, window, idle_steps, skip_blocks)
+    validate_cache(cache, refresh_every, refresh_shift, schedule.kind, cfg_scale)
+    if cache is not None and refresh_shift is None and schedule.kind == "window":
+        refresh_shift = default_refresh_shift(window)
     policy = make_policy(policy, **(policy_args or {}))
     policy.setup(gen_length=gen_length, num_regions=schedule.num_regions)
     spec, device = model.spec, model.device
@@ -140,6 +145,7 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
     slots = torch.arange(R, device=device)
     commits, forwards = [], 0
     fused = window_stats is not None and temperature == 0 and cfg_scale == 0
+    head_op = window_stats if fused else None
     # set only for a policy that needs taps, so every fused forward that has a tap_op also has tap rows
     tap_op = None
     if fused and policy.needs_taps and tap_project is not None:
@@ -147,6 +153,9 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
         if fold is not None:
             A, c = fold
             tap_op = partial(_fold_taps, tap_project, A, c)
+    forward = partial(_forward, model, canvas, cfg_scale=cfg_scale, head_op=head_op, tap_op=tap_op)
+    kv = None if cache is None else DecodeKVCache(cache, schedule.kind, refresh_every, refresh_shift, B=B, L=L,
+                                                   shift=spec.logit_shift, needs_taps=policy.needs_taps, device=device)
     # a policy that never commits would loop forever: every shipped policy finishes within its budget
     max_forwards = 2 * (gen_length + schedule.num_regions * S) + 8
 
@@ -166,17 +175,22 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
         row_state = canvas.state[rows]
         active = valid & (row_state.gather(1, gather_pos) == states.ACTIVE)
 
-        tap_pos = None
-        if policy.needs_taps:
-            # the controller sees the sequence cropped at the region's right end
-            tap_pos = torch.arange(int(hi.max()), device=device).expand(len(rows), -1)
-        tap_inputs = None
-        if fused:
-            signals, taps, tap_inputs = _fused_signals(model, canvas, rows, gather_pos, tap_pos, window_stats, tap_op)
+        # the controller sees the sequence cropped at the region's right end: taps of [0, T)
+        T = int(hi.max()) if policy.needs_taps or kv is not None else None
+        if kv is None:
+            tap_pos = torch.arange(T, device=device).expand(len(rows), -1) if policy.needs_taps else None
+            scores, taps, _ = forward(rows, gather_pos, tap_pos)
         else:
-            logits, taps = _denoise_step(model, canvas, rows, gather_pos, cfg_scale, tap_pos)
-            signals = compute_signals(logits, eos_id=spec.eos_id, temperature=temperature, generator=generator,
+            scores, taps = kv.step(forward, rows, gather_pos, lo, hi, T)
+        if fused:
+            proposal, max_prob, second_prob, neg_entropy, eos_prob = scores
+            signals = Signals(proposal, max_prob, max_prob - second_prob, neg_entropy, eos_prob)
+        else:
+            signals = compute_signals(scores, eos_id=spec.eos_id, temperature=temperature, generator=generator,
                                       tempered=spec.family == "dream")
+        tap_inputs = None
+        if tap_op is not None:
+            (tap_inputs,), taps = taps, None
         step_input = StepInput(signals=signals, active=active, region_step=counters.region_step[rows],
                                region_initial=counters.region_initial[rows],
                                region_active=schedule.region_active(row_state, counters.block_idx[rows]),
@@ -210,6 +224,8 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
+    if kv is not None:
+        forwards += kv.split_steps
 
     per_row = [[] for _ in range(B)]
     for rows, counts in commits:
@@ -218,8 +234,9 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
     stats = DecodeStats(
         steps=counters.steps.tolist(), forwards=forwards, commits_per_step=per_row, seconds=seconds,
         gen_lengths=_gen_lengths(canvas, spec.end_ids),
+        refreshes=[0] * B if kv is None else kv.refreshes.tolist(),
         settings=dict(policy=repr(policy), gen_length=gen_length, block=block, window=window, schedule=schedule.kind,
                       temperature=temperature, cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps,
-                      seed=seed),
+                      seed=seed, cache=cache, refresh_every=refresh_every, refresh_shift=refresh_shift),
     )
     return canvas.x, stats
