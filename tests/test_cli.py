@@ -45,6 +45,10 @@ def test_generate_single_prompt_to_stdout(tiny):
                "--gen-length", "8", "--window", "4")
     record = json.loads(proc.stdout)
     assert record["steps"] == 8
+    cached = run(CLI, "generate", "--model", str(tiny), "--prompt", "What is 2 + 3 ?", "--policy", "confidence",
+                 "--gen-length", "8", "--window", "4", "--cache", "dual", "--refresh-shift", "2")
+    record = json.loads(cached.stdout)
+    assert record["steps"] == 8 and record["settings"]["cache"] == "dual" and record["settings"]["refresh_shift"] == 2
 
 
 def test_generate_bad_input_is_one_clear_line(tiny):

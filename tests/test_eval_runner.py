@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import tracelock
-from tracelock.eval.runner import parse_policies, parse_settings, read_items, run_eval, slug
+from tracelock.eval.runner import parse_policies, parse_settings, read_items, run_eval, schedule_of, slug
 from tracelock.eval.tasks import GSM8KTask, QATask, humaneval_completion, make_task
 from tracelock.models import write_tiny_checkpoint
 from tracelock.testing import fresh_controller
@@ -113,6 +113,11 @@ def test_spec_errors(setup, tmp_path):
     with pytest.raises(ValueError, match="needs --controller"):
         run_eval(setup[1], "testbed:math", parse_policies("tracelock"), parse_settings("16/4"), tmp_path, n=2)
     assert parse_policies("threshold:tau=0.9")[0].args == {"tau": 0.9}
+    with pytest.raises(ValueError, match="cache='both' in 'threshold:cache=both' must be prefix or dual"):
+        parse_policies("threshold:cache=both")
+    cached = parse_policies("threshold:tau=0.9:cache=dual:refresh_every=4")[0]
+    assert cached.policy_args == {"tau": 0.9}
+    assert schedule_of(cached, parse_settings("16/4")[0], "auto") == {"block": 4, "cache": "dual", "refresh_every": 4}
 
 
 def test_torchrun_two_ranks_match_one_process(setup, reference):

@@ -121,6 +121,10 @@ def _add_generate(sub):
     p.add_argument("--cfg-scale", type=float, default=0.0)
     p.add_argument("--stop-at-eot", action="store_true", help="a committed end token finishes the row")
     p.add_argument("--idle-steps", action="store_true", help="reproduce the reference release's block artifact")
+    p.add_argument("--cache", choices=["prefix", "dual"], help="approximate KV cache (default: none)")
+    p.add_argument("--refresh-every", type=int, help="with --cache: also refresh a row after this many steps")
+    p.add_argument("--refresh-shift", type=int,
+                   help="with --cache and --window: refresh when the window moved this far (default: window // 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=1, help="prompts per batch (left-padded; same results)")
     p.add_argument("--no-chat-template", action="store_true", help="encode prompts as they are")

@@ -40,7 +40,8 @@ def run_generate(args) -> int:
     policy_args = parse_policy_args(args.policy_arg)
     settings = dict(model=str(args.model), policy=args.policy, policy_args=policy_args, gen_length=args.gen_length,
                     block=args.block, window=args.window, temperature=args.temperature, cfg_scale=args.cfg_scale,
-                    stop_at_eot=args.stop_at_eot, idle_steps=args.idle_steps, seed=args.seed, dtype=args.dtype)
+                    stop_at_eot=args.stop_at_eot, idle_steps=args.idle_steps, seed=args.seed, dtype=args.dtype,
+                    cache=args.cache, refresh_every=args.refresh_every, refresh_shift=args.refresh_shift)
     out = open(args.out, "w") if args.out else sys.stdout
     try:
         bar = tqdm(total=len(prompts), disable=len(prompts) < 2, file=sys.stderr, unit="prompt")
@@ -51,7 +52,8 @@ def run_generate(args) -> int:
                                            gen_length=args.gen_length, block=args.block, window=args.window,
                                            temperature=args.temperature, cfg_scale=args.cfg_scale,
                                            stop_at_eot=args.stop_at_eot, idle_steps=args.idle_steps,
-                                           seed=args.seed, impl=args.impl)
+                                           seed=args.seed, impl=args.impl, cache=args.cache,
+                                           refresh_every=args.refresh_every, refresh_shift=args.refresh_shift)
             P = tokens.shape[1] - args.gen_length
             for row, prompt in enumerate(batch):
                 generated = tokens[row, P:].tolist()

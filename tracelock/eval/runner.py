@@ -34,6 +34,10 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")
 
 
+# a policy token's keys that are decoding arguments of the runner (`fused_generate`'s), not the policy's own
+RUNNER_KEYS = ("schedule", "cache", "refresh_every", "refresh_shift")
+
+
 @dataclass
 class PolicySpec:
     """One policy of the comparison. ``name`` "oracle" replays the first policy's final tokens (`OraclePolicy`)."""
@@ -48,8 +52,8 @@ class PolicySpec:
 
     @property
     def policy_args(self) -> dict:
-        """The policy's own keyword arguments (without the runner's ``schedule``)."""
-        return {k: v for k, v in self.args.items() if k != "schedule"}
+        """The policy's own keyword arguments (without the runner's `RUNNER_KEYS`)."""
+        return {k: v for k, v in self.args.items() if k not in RUNNER_KEYS}
 
 
 @dataclass
@@ -77,7 +81,8 @@ def parse_policies(text: str) -> list[PolicySpec]:
     """``name[:key=value[:key=value]]`` comma-separated, e.g. ``confidence,threshold:tau=0.9,tracelock,oracle``.
 
     ``schedule=block|window|full`` is the runner's, not the policy's: e.g. ``tracelock:schedule=full`` is TraceLock
-    without soft-crop (every generation position in one region).
+    without soft-crop (every generation position in one region). So are the KV cache's ``cache=prefix|dual``,
+    ``refresh_every=S`` and ``refresh_shift=R`` (`fused_generate`'s arguments), e.g. ``threshold:tau=0.9:cache=prefix``.
     """
     from tracelock.policies import POLICIES
 
@@ -96,6 +101,8 @@ def parse_policies(text: str) -> list[PolicySpec]:
             args[key] = _value(value)
         if args.get("schedule", "block") not in ("block", "window", "full"):
             raise ValueError(f"--policies: schedule={args['schedule']!r} in {token!r} must be block, window or full")
+        if args.get("cache", "prefix") not in ("prefix", "dual"):
+            raise ValueError(f"--policies: cache={args['cache']!r} in {token!r} must be prefix or dual")
         specs.append(PolicySpec(token, name, args))
     if not specs:
         raise ValueError("--policies names no policy; e.g. --policies confidence,threshold:tau=0.9")
@@ -131,9 +138,11 @@ def schedule_kind(policy: PolicySpec, schedule: str) -> str:
 
 
 def schedule_of(policy: PolicySpec, setting: Setting, schedule: str) -> dict:
-    """The ``block=`` / ``window=`` keyword of `fused_generate` for a policy at a setting (none for "full")."""
+    """The schedule keywords of `fused_generate` for a policy at a setting: ``block=`` / ``window=`` (none for
+    "full") and the KV cache's, when the policy's token sets them."""
     kind = schedule_kind(policy, schedule)
-    return {} if kind == "full" else {kind: setting.width}
+    cache = {k: policy.args[k] for k in RUNNER_KEYS[1:] if k in policy.args}
+    return cache if kind == "full" else {kind: setting.width, **cache}
 
 
 def read_items(path: Path) -> dict:
