@@ -71,6 +71,29 @@ def store_table(benchmarks: list) -> list:
     return lines if len(lines) > 2 else []
 
 
+def cache_table(benchmarks: list) -> list:
+    """One row per (policy, cache): seconds per sample, the uncached row / this, steps, refreshes, the metric."""
+    rows = [(b["extra_info"], b["stats"]["median"]) for b in _rows(benchmarks, "cache-")]
+    plain = {i["policy"]: t for i, t in rows if i["cache"] == "none"}
+    lines = ["| policy | cache | s/sample | no cache / this | mean steps | mean refreshes | tokens/s | metric |",
+             "|---|---|---|---|---|---|---|---|"]
+    for i, t in rows:
+        speedup = plain.get(i["policy"])
+        lines.append(f"| {i['policy']} | {i['cache']} | {_ms(t / i['items'])} | "
+                     f"{f'{speedup / t:.2f}x' if speedup else '-'} | {i['mean_steps']:.1f} | "
+                     f"{i['mean_refreshes']:.1f} | {i['gen_tokens'] / t:,.1f} | {_fmt(i['metric'], '.1%')} |")
+    return lines if len(lines) > 2 else []
+
+
+def throughput_table(benchmarks: list) -> list:
+    lines = ["| throughput | prompts | batch size | batches | padding | tokens/s |", "|---|---|---|---|---|---|"]
+    for b in _rows(benchmarks, "throughput-"):
+        i = b["extra_info"]
+        lines.append(f"| {i['policy']} + {i['cache']} cache | {i['prompts']} | {i['batch_size']} | {i['batches']} | "
+                     f"{i['padding']:.0%} | {i['tokens'] / b['stats']['median']:,.1f} |")
+    return lines if len(lines) > 2 else []
+
+
 def main(path: str) -> None:
     data = json.load(open(path))
     benchmarks = data["benchmarks"]
@@ -78,7 +101,7 @@ def main(path: str) -> None:
     print(f"Machine: {info.get('gpu') or info.get('machine')} ({info.get('cpus')} CPUs, {info.get('threads')} "
           f"threads), torch {info.get('torch')}, triton {info.get('triton')}, git {info.get('git')}, "
           f"{data.get('datetime', '')[:10]}\n")
-    for table in (decode_table, step_table, kernel_table, store_table):
+    for table in (decode_table, step_table, kernel_table, store_table, cache_table, throughput_table):
         lines = table(benchmarks)
         if lines:
             print("\n".join(lines) + "\n")
