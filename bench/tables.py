@@ -37,7 +37,7 @@ def decode_table(benchmarks: list) -> list:
             f"{_ms(r_med / n) if r_med else '-'} | {f'{r_med / f_med:.2f}x' if f_med and r_med else '-'} | "
             f"{info['mean_steps']:.1f} | {_fmt(info['gen_tokens'] / f_med if f_med else None, ',.1f')} | "
             f"{_fmt(info['metric'], '.1%')} |")
-    return lines
+    return lines if len(lines) > 2 else []
 
 
 def step_table(benchmarks: list) -> list:

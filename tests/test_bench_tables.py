@@ -19,6 +19,20 @@ def test_tables_reproduce_the_readme_rows():
         assert row in readme
 
 
+def test_cache_tables_reproduce_the_readme_rows():
+    result = ROOT / "bench" / "results" / "cpu-2core-20261122-88a074a-cache.json"
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "tables.py"), str(result)], capture_output=True,
+                         text=True, check=True).stdout
+    assert "| fastdllm-0.9 | dual | 163.0 ms | 2.27x | 31.9 | 4.0 | 214.0 | 25.0% |" in out
+    assert "| tracelock | dual | 432.6 ms | 2.03x | 42.2 | 4.9 | 82.3 | 25.0% |" in out
+    assert "| fastdllm-0.9 + prefix cache | 8 | 8 | 1 | 16% | 159.8 |" in out
+    assert "| policy | schedule |" not in out  # no decode rows in this file: no empty table
+    readme = (ROOT / "bench" / "README.md").read_text()
+    for row in ("| 163.0 ms | 2.27x | 31.9 | 4.0 | 214.0 |", "| 432.6 ms | 2.03x | 42.2 | 4.9 | 82.3 |",
+                "| 8 | 8 | 1 | 16% | 159.8 |"):
+        assert row in readme
+
+
 def test_tables_without_a_file_print_the_usage():
     run = subprocess.run([sys.executable, str(ROOT / "bench" / "tables.py")], capture_output=True, text=True)
     assert run.returncode == 1 and "usage: python bench/tables.py FILE" in run.stderr
