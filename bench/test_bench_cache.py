@@ -10,11 +10,12 @@ batch against one batch of all of them (length-sorted); both must give the same 
 """
 
 import pytest
-import torch
 
 import tracelock
 
+# explicit parameters (not the conftest's ``policy``, which would add every decode policy only to skip it)
 CACHE_POLICIES = ["fastdllm-0.9", "tracelock"]
+THROUGHPUT_POLICY = "fastdllm-0.9"
 
 
 @pytest.fixture(scope="session")
@@ -31,12 +32,27 @@ def cached(target, policy_kwargs):
     return get
 
 
+@pytest.fixture(scope="session")
+def many(target, policy_kwargs):
+    """``many(batch_size)``: `generate_many` of the target's prompts with the prefix cache, once per session."""
+    runs = {}
+
+    def get(size: int):
+        if size not in runs:
+            runs[size] = tracelock.generate_many(target.model, target.prompts, batch_size=size, cache="prefix",
+                                                 **policy_kwargs(THROUGHPUT_POLICY))
+        return runs[size]
+
+    return get
+
+
 @pytest.mark.parametrize("cache", [None, "prefix", "dual"], ids=["none", "prefix", "dual"])
-def test_cache(benchmark, target, controller, machine, decoded, cached, policy_kwargs, check_same, policy, cache):
-    if policy not in CACHE_POLICIES:
-        pytest.skip(f"the cache rows compare {', '.join(CACHE_POLICIES)}")
+@pytest.mark.parametrize("cache_policy", CACHE_POLICIES)
+def test_cache(benchmark, target, controller, machine, decoded, cached, policy_kwargs, check_same, cache_policy,
+               cache):
+    policy = cache_policy
     if cache is None:
-        tokens, stats = decoded("fused", policy)
+        tokens, stats = decoded("fused", policy)  # the uncached row is the decode group's own run
         agreement = 1.0
     else:
         agreement = check_same(cached("reference", policy, cache), cached("fused", policy, cache))
@@ -58,31 +74,22 @@ def test_cache(benchmark, target, controller, machine, decoded, cached, policy_k
 
 
 @pytest.mark.parametrize("batch", ["single", "all"])
-def test_throughput(benchmark, target, machine, policy_kwargs, policy, batch):
-    if policy != "fastdllm-0.9":
-        pytest.skip("throughput is measured on the Fast-dLLM threshold rule with the prefix cache")
-    kwargs = dict(policy_kwargs(policy), cache="prefix")
+def test_throughput(benchmark, target, machine, policy_kwargs, many, batch):
     size = 1 if batch == "single" else target.batch
-    outputs, stats = tracelock.generate_many(target.model, target.prompts, batch_size=size, **kwargs)
-    other, _ = tracelock.generate_many(target.model, target.prompts, batch_size=target.batch + 1 - size, **kwargs)
+    outputs, stats = many(size)
+    other, _ = many(target.batch + 1 - size)
     if target.float32:
         assert outputs == other, "batched and one-by-one decoding differ with the cache"
     else:
         same = sum(a == b for (a, _), (b, _) in zip(outputs, other)) / len(outputs)
         assert same >= 0.5, f"only {same:.0%} of prompts decode the same batched and one by one in bf16"
-    benchmark.group = f"throughput-{target.name}-{policy}-prefix-gen{target.gen_length}-width{target.block}"
-    benchmark.extra_info.update(machine, policy=policy, cache="prefix", prompts=stats.prompts, batch_size=size,
-                                batches=stats.batches, tokens=stats.tokens, steps=stats.steps, padding=stats.padding)
+    benchmark.group = f"throughput-{target.name}-{THROUGHPUT_POLICY}-prefix-gen{target.gen_length}-width{target.block}"
+    benchmark.extra_info.update(machine, policy=THROUGHPUT_POLICY, cache="prefix", prompts=stats.prompts,
+                                batch_size=size, batches=stats.batches, tokens=stats.tokens, steps=stats.steps,
+                                padding=stats.padding)
     if benchmark.disabled:
         return
+    kwargs = dict(policy_kwargs(THROUGHPUT_POLICY), cache="prefix")
     benchmark.pedantic(lambda: tracelock.generate_many(target.model, target.prompts, batch_size=size, **kwargs),
                        rounds=3, warmup_rounds=1)
     benchmark.extra_info.update(tokens_per_second=stats.tokens / benchmark.stats.stats.median)
-
-
-def test_uncached_row_is_the_plain_decode(target, decoded, cached, policy):
-    """cache=None through the cached fixture is the decode every other group uses (the cache is off by default)."""
-    if policy not in CACHE_POLICIES:
-        pytest.skip(f"the cache rows compare {', '.join(CACHE_POLICIES)}")
-    (plain, plain_stats), (none, none_stats) = decoded("fused", policy), cached("fused", policy, None)
-    assert torch.equal(plain, none) and plain_stats.steps == none_stats.steps

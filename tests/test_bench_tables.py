@@ -7,10 +7,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _tables(result: str) -> str:
+    """bench/tables.py's output on a committed result file."""
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "tables.py"), str(ROOT / "bench" / "results" / result)],
+                          capture_output=True, text=True, check=True).stdout
+
+
 def test_tables_reproduce_the_readme_rows():
-    result = ROOT / "bench" / "results" / "cpu-2core-20261122-7ad988e.json"
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "tables.py"), str(result)], capture_output=True,
-                         text=True, check=True).stdout
+    out = _tables("cpu-2core-20261122-7ad988e.json")
     assert "| confidence | block 16 | 826.8 ms | 869.8 ms | 1.05x | 64.0 | 41.4 | 25.0% |" in out
     assert "| median | 95.2 ms | 146.1 ms | 1.53x |" in out
     assert "| canonical | 8 | 1,586 | 22,075x |" in out
@@ -20,9 +24,7 @@ def test_tables_reproduce_the_readme_rows():
 
 
 def test_cache_tables_reproduce_the_readme_rows():
-    result = ROOT / "bench" / "results" / "cpu-2core-20261122-88a074a-cache.json"
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "tables.py"), str(result)], capture_output=True,
-                         text=True, check=True).stdout
+    out = _tables("cpu-2core-20261122-88a074a-cache.json")
     assert "| fastdllm-0.9 | dual | 163.0 ms | 2.27x | 31.9 | 4.0 | 214.0 | 25.0% |" in out
     assert "| tracelock | dual | 432.6 ms | 2.03x | 42.2 | 4.9 | 82.3 | 25.0% |" in out
     assert "| fastdllm-0.9 + prefix cache | 8 | 8 | 1 | 16% | 159.8 |" in out

@@ -81,7 +81,7 @@ class DecodeKVCache:
             need |= since >= self.refresh_every
         return need
 
-    def step(self, forward, rows, positions, lo, hi, T: int):
+    def step(self, forward, rows, positions, lo, hi, T: int | None):
         """Run one step's forwards for ``rows`` [b] (slots at canvas ``positions`` [b, R], commit regions [lo, hi)
         [b]; the policy reads the taps of [0, T)) and return (scores, taps) of all b rows.
 
@@ -99,8 +99,7 @@ class DecodeKVCache:
         if cached.numel():
             g = rows[cached]
             query, fresh = self._query(g, hi[cached], T)
-            scores, taps, _ = forward(g, positions[cached], fresh if self.needs_taps else None,
-                                      kv_cache=self._kv_of(g), query_positions=query)
+            scores, taps, _ = forward(g, positions[cached], fresh, kv_cache=self._kv_of(g), query_positions=query)
             if taps is not None:
                 taps = self._with_stored_taps(g, fresh, taps, T)
             parts.append((cached, scores, taps))
@@ -129,14 +128,14 @@ class DecodeKVCache:
         # rows come sorted from nonzero(): all of them means every row, in order (no copy)
         return self.kv if len(rows) == self.pointer.shape[0] else self.kv.select(rows)
 
-    def _query(self, rows, hi, T: int):
-        """(query [b, Q] output rows to recompute, fresh [b, F] canvas positions whose taps they give), each row
-        padded by repeating its last position."""
+    def _query(self, rows, hi, T: int | None):
+        """(query [b, Q] output rows to recompute, fresh [b, F] canvas positions whose taps they give, None for a
+        policy without taps), each row padded by repeating its last position."""
         start = self.pointer[rows]
         end = torch.full_like(hi, self.L) if self.mode == "prefix" else hi
         query = _span(start - self.shift, end)
         # taps of [pointer, min(end, T)): their output rows (shifted) are all in the query
-        fresh = _span(start, end.clamp(max=T))
+        fresh = _span(start, end.clamp(max=T)) if self.needs_taps else None
         return query, fresh
 
     def _with_stored_taps(self, rows, fresh, taps, T: int) -> tuple:

@@ -176,7 +176,7 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
         active = valid & (row_state.gather(1, gather_pos) == states.ACTIVE)
 
         # the controller sees the sequence cropped at the region's right end: taps of [0, T)
-        T = int(hi.max()) if policy.needs_taps or kv is not None else None
+        T = int(hi.max()) if policy.needs_taps else None
         if kv is None:
             tap_pos = torch.arange(T, device=device).expand(len(rows), -1) if policy.needs_taps else None
             scores, taps, _ = forward(rows, gather_pos, tap_pos)
