@@ -31,7 +31,7 @@ def peaked(tmp_path_factory):
 
 def test_policy_names_are_complete():
     assert sorted(POLICIES) == sorted(["random", "confidence", "origin", "maskgit_plus", "topk_margin", "entropy",
-                                       "threshold", "factor", "topk", "tracelock"])
+                                       "threshold", "factor", "topk", "tracelock", "l2p", "l2p-hidden"])
 
 
 @pytest.mark.parametrize("schedule", [{"block": 4}, {"window": 4}, {}], ids=["block4", "window4", "full"])

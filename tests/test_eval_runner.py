@@ -190,23 +190,30 @@ def test_humaneval_replies_in_chat_form_are_scored():
 
 def test_paper_tables_one_command(setup, tmp_path):
     from tracelock.eval.paper_tables import plan, run_tables
+    from tracelock.l2p import L2PFilter
+    from tracelock.l2p.filter import FilterConfig
 
     root, model_dir = setup
     layout = plan([8], [2, 4])
     assert layout["settings"] == ["8/2", "8/4"] and layout["generalisation"] == [("8/2", "8/4")]
-    text = run_tables(model_dir, root / "controller", ["testbed:math"], tmp_path, lengths=[8], widths=[2, 4],
-                      limit=2, batch_size=2, workers=1)
-    assert (tmp_path / "tables.md").read_text() == text
+    eos = tracelock.load_model(model_dir).spec.eos_id
+    for block in (2, 4):  # Learn2PD: one (untrained) filter per width
+        L2PFilter(FilterConfig(block=block, hidden=block, eos_id=eos)).save(tmp_path / "l2p")
+    text = run_tables(model_dir, root / "controller", ["testbed:math"], tmp_path / "out", l2p=tmp_path / "l2p",
+                      lengths=[8], widths=[2, 4], limit=2, batch_size=2, workers=1)
+    assert (tmp_path / "out" / "tables.md").read_text() == text
     main, general, ablation = text.split("### ")[1:]
-    assert main.count("| testbed:math |") == 4 and "| testbed:math | tracelock | " in main
+    assert main.count("| testbed:math |") == 5 and "| testbed:math | tracelock | " in main
     assert "-" not in main.split("| testbed:math | confidence | ")[1].split("\n")[0].replace(" / ", "")
     assert "8/2 -> 4" in general and "| testbed:math | 8/2 |" in ablation
-    manifest = json.loads((tmp_path / "testbed-math" / "manifest.json").read_text())
+    # Learn2PD's generalised cell is its block-2 filter at block 4
+    assert "-" not in general.split("| testbed:math | l2p | ")[1].split("\n")[0].replace(" -> ", "")
+    manifest = json.loads((tmp_path / "out" / "testbed-math" / "manifest.json").read_text())
     schedules = {p["label"]: p["schedule"] for p in manifest["policies"]}
-    assert schedules == {"random": "block", "confidence": "block", "threshold:tau=0.9": "block", "tracelock": "window",
-                         "tracelock:schedule=full": "full", "tracelock:static_tau=0.0": "window",
-                         "tracelock:schedule=full:static_tau=0.0": "full"}
-    rows = json.loads((tmp_path / "tables.json").read_text())["rows"]["testbed:math"]
+    assert schedules == {"random": "block", "confidence": "block", "threshold:tau=0.9": "block", "l2p": "block",
+                         "tracelock": "window", "tracelock:schedule=full": "full", "tracelock:static_tau=0.0": "window",
+                         "tracelock:schedule=full:static_tau=0.0": "full", "l2p:filter_block=2": "block"}
+    rows = json.loads((tmp_path / "out" / "tables.json").read_text())["rows"]["testbed:math"]
     full = {r["policy"]: r for r in rows if r["setting"] == "8/2"}["tracelock:schedule=full"]
     assert full["n"] == 2 and full["avg_steps"] <= 8
     with pytest.raises(ValueError, match="multiple of 4"):

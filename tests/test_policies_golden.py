@@ -214,8 +214,8 @@ def test_dream_origin_reveal_probability_and_last_step():
     assert _picked(policy.select(last, torch.Generator().manual_seed(0))) == [0, 2, 3]
 
 
-# learned policies need a controller to be built (tests/test_tracelock_policy.py covers them)
-@pytest.mark.parametrize("name", sorted(n for n, cls in POLICIES.items() if not cls.needs_taps))
+# learned policies need a checkpoint to be built (tests/test_tracelock_policy.py and tests/test_l2p.py cover them)
+@pytest.mark.parametrize("name", sorted(n for n, cls in POLICIES.items() if not cls.learned))
 def test_policies_seeded_reproducible(name):
     policy = make_policy(name)
     policy.setup(gen_length=16, num_regions=2)
@@ -229,7 +229,7 @@ def test_policies_seeded_reproducible(name):
 def test_policy_registry():
     assert sorted(POLICIES) == sorted(
         ["random", "confidence", "topk", "origin", "maskgit_plus", "topk_margin", "entropy", "threshold", "factor",
-         "tracelock"]
+         "tracelock", "l2p", "l2p-hidden"]
     )
     stochastic = {name for name, cls in POLICIES.items() if not cls.deterministic}
     assert stochastic == {"random", "origin"}

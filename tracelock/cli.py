@@ -10,6 +10,7 @@ SUBCOMMAND_MODULES = (
     "tracelock.traces.collect",
     "tracelock.traces.features_cli",
     "tracelock.train.cli",
+    "tracelock.l2p.cli",
     "tracelock.testbed.ar_calibration",
     "tracelock.eval.report",
     "tracelock.eval.cli",

@@ -83,3 +83,21 @@ def prepare_canvas(spec: ModelSpec, input_ids, attention_mask, gen_length: int, 
         full_mask = full_mask.to(device)
     return Canvas(x=x.to(device), state=state.to(device), attention_mask=full_mask, prompt_len=P,
                   gen_length=gen_length)
+
+
+def truncate_after(x: torch.Tensor, state: torch.Tensor, attention_mask: torch.Tensor, cut: torch.Tensor,
+                   fill_id: int) -> torch.Tensor:
+    """Cut rows after canvas position ``cut`` [b] (Learn2PD's end-of-text truncation ``x = x[:, :cut + 1]``), in
+    place: later positions become EOT with ``fill_id`` whatever their state, and their keys are masked, so the
+    forwards that follow see exactly the shorter canvas. ``cut = L`` keeps a row whole.
+
+    Returns:
+        torch.Tensor: [b] the first active position of each row (L for none).
+    """
+    L = x.shape[1]
+    pos = torch.arange(L, device=x.device)
+    after = pos > cut[:, None]
+    x.masked_fill_(after, fill_id)
+    state.masked_fill_(after, states.EOT)
+    attention_mask &= ~after
+    return torch.where(state == states.ACTIVE, pos, L).amin(1)

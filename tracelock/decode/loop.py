@@ -17,12 +17,12 @@ from functools import partial
 import torch
 
 from tracelock import states
-from tracelock.decode.canvas import Canvas, prepare_canvas
+from tracelock.decode.canvas import Canvas, prepare_canvas, truncate_after
 from tracelock.decode.kv_cache import DecodeKVCache, default_refresh_shift, validate_cache
 from tracelock.decode.schedule import Schedule
 from tracelock.models.backbone import DiffusionBackbone
 from tracelock.policies import make_policy
-from tracelock.policies.base import StepInput
+from tracelock.policies.base import Lookahead, StepInput
 from tracelock.signals import Signals, apply_cfg, compute_signals
 
 
@@ -103,6 +103,12 @@ def _forward(model, canvas: Canvas, rows, positions, tap_positions, cfg_scale, h
     return apply_cfg(cond, un, cfg_scale), None if not taps else tuple(t.chunk(2)[0] for t in out.taps), None
 
 
+def _split_signals(signals: Signals, R: int) -> tuple[Signals, Signals]:
+    """The signals of the first R slots and of the rest."""
+    fields = [getattr(signals, f) for f in ("proposal", "confidence", "margin", "neg_entropy", "eos_prob")]
+    return Signals(*(f[:, :R] for f in fields)), Signals(*(f[:, R:] for f in fields))
+
+
 def _fold_taps(tap_project, A, c, h1, h2, h3):
     """The forward's ``tap_op``: the three taps [b*T, D] -> the policy's inputs [b*T, N] by its fold."""
     return tap_project(h1, h2, h3, A, c)
@@ -140,9 +146,15 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
     generator = torch.Generator(device=device).manual_seed(seed)
     end_ids = torch.tensor(spec.end_ids, dtype=torch.long, device=device)
     B, L, R, S = canvas.x.shape[0], canvas.length, schedule.width, policy.steps_per_region()
+    # end-of-text prediction reads the positions right of the region too (a dual cache recomputes only the region)
+    # and may truncate rows, which masks their tails' keys
+    lookahead = gen_length - R if policy.eot_lookahead and cache != "dual" else 0
+    if policy.eot_lookahead and canvas.attention_mask is None:
+        canvas.attention_mask = torch.ones((B, L), dtype=torch.bool, device=device)
     counters = schedule.start(canvas.state, canvas.prompt_len, S)
     first_active = torch.full((B,), canvas.prompt_len, dtype=torch.long, device=device)
     slots = torch.arange(R, device=device)
+    tail_slots = torch.arange(lookahead, device=device)
     commits, forwards = [], 0
     fused = window_stats is not None and temperature == 0 and cfg_scale == 0
     head_op = window_stats if fused else None
@@ -177,17 +189,26 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
 
         # the controller sees the sequence cropped at the region's right end: taps of [0, T)
         T = int(hi.max()) if policy.needs_taps else None
+        query = gather_pos
+        if lookahead:
+            tail_pos = hi[:, None] + tail_slots
+            query = torch.cat([gather_pos, tail_pos.clamp(max=L - 1)], dim=1)
         if kv is None:
             tap_pos = torch.arange(T, device=device).expand(len(rows), -1) if policy.needs_taps else None
-            scores, taps, _ = forward(rows, gather_pos, tap_pos)
+            scores, taps, _ = forward(rows, query, tap_pos)
         else:
-            scores, taps = kv.step(forward, rows, gather_pos, lo, hi, T)
+            scores, taps = kv.step(forward, rows, query, lo, hi, T)
         if fused:
             proposal, max_prob, second_prob, neg_entropy, eos_prob = scores
             signals = Signals(proposal, max_prob, max_prob - second_prob, neg_entropy, eos_prob)
         else:
             signals = compute_signals(scores, eos_id=spec.eos_id, temperature=temperature, generator=generator,
                                       tempered=spec.family == "dream")
+        ahead = None
+        if lookahead:
+            signals, tail_signals = _split_signals(signals, R)
+            tail_active = (tail_pos < L) & (row_state.gather(1, tail_pos.clamp(max=L - 1)) == states.ACTIVE)
+            ahead = Lookahead(tail_signals, tail_active, tail_pos.clamp(max=L - 1))
         tap_inputs = None
         if tap_op is not None:
             (tap_inputs,), taps = taps, None
@@ -196,7 +217,8 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
                                region_active=schedule.region_active(row_state, counters.block_idx[rows]),
                                steps_per_region=S, positions=gather_pos, state=row_state, rows=rows, taps=taps,
                                tap_inputs=tap_inputs,
-                               attention_mask=None if canvas.attention_mask is None else canvas.attention_mask[rows])
+                               attention_mask=None if canvas.attention_mask is None else canvas.attention_mask[rows],
+                               lookahead=ahead)
         scatter_pos = torch.where(valid, pos, L)
         x_rows = canvas.x[rows]
         # the commit_step op closes the step when the policy's rule is its rule (an observer needs the chosen
@@ -209,7 +231,8 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
                                                 end_ids, theta, cap)
             committed = was_active - (row_state == states.ACTIVE).sum(1)
         else:
-            chosen = policy.select(step_input, generator) & active
+            chosen, cut = policy.decide(step_input, generator)
+            chosen = chosen & active
             if observer is not None:
                 observer(StepRecord(rows=rows, step=counters.steps[rows], x=x_rows.clone(), state=row_state.clone(),
                                     positions=gather_pos, active=active, signals=signals, chosen=chosen))
@@ -217,6 +240,10 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
             commit = _scatter(chosen, torch.zeros_like(x_rows, dtype=torch.bool), scatter_pos)
             first_active[rows] = apply_commits(x_rows, row_state, proposal, commit, end_ids, spec.pad_id, stop_at_eot)
             committed = chosen.sum(1)
+            if cut is not None:
+                mask_rows = canvas.attention_mask[rows]
+                first_active[rows] = truncate_after(x_rows, row_state, mask_rows, cut, spec.pad_id)
+                canvas.attention_mask[rows] = mask_rows
         canvas.x[rows], canvas.state[rows] = x_rows, row_state
         schedule.advance(canvas.state, counters, live)
         commits.append((rows, committed))

@@ -17,8 +17,8 @@ def run_eval_cli(args) -> int:
         judge = (make_judge(args.judge_url, args.judge_model, args.judge_local,
                             os.environ.get("TRACELOCK_JUDGE_API_KEY")) if wants_judge and rank == 0 else None)
         rows = run_eval(args.model, args.task, policies, settings, args.out, n=args.limit, seed=args.seed,
-                        batch_size=args.batch_size, schedule=args.schedule, controller=args.controller, rank=rank,
-                        world_size=world, dtype=args.dtype, device=device, workers=args.workers, judge=judge,
+                        batch_size=args.batch_size, schedule=args.schedule, controller=args.controller, l2p=args.l2p,
+                        rank=rank, world_size=world, dtype=args.dtype, device=device, workers=args.workers, judge=judge,
                         progress=lambda what: print(f"  {what}", file=sys.stderr, flush=True))
     if rows is not None:
         print(f"{rows[0]['metric_name']} / average steps per item:")
@@ -47,6 +47,7 @@ def add_parsers(sub) -> None:
                         "(oracle replays the first policy's final tokens)")
     p.add_argument("--settings", default="128/32", help="GEN/WIDTH comma-separated, e.g. 128/32,256/64")
     p.add_argument("--controller", help="a `tracelock train --out` folder, for the tracelock policy")
+    p.add_argument("--l2p", help="a `tracelock train-l2p --out` folder (one filter per block size), for l2p")
     p.add_argument("--schedule", default="auto", choices=["auto", "block", "window"],
                    help="auto: tracelock in a sliding window, the others in semi-AR blocks (the paper's protocol)")
     p.add_argument("--limit", type=int, help="the task's first N items (required for testbed tasks; not --num, which "

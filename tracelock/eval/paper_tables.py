@@ -2,10 +2,12 @@
 
 For each task, one `tracelock eval` run folder (resumable; `tracelock report` draws its plots) holds:
 
-- main table: random, confidence (one token per step), Fast-dLLM threshold 0.9, Learn2PD where the package has
-  it, and TraceLock, at every generation length x width (the paper's Table "main results");
+- main table: random, confidence (one token per step), Fast-dLLM threshold 0.9, Learn2PD (with ``--l2p``: its
+  filter trained for each block size) and TraceLock, at every generation length x width (the paper's Table "main
+  results");
 - generalisation: the same policies deployed at width G/4 and at the larger G/2 without retraining (the paper's
-  "original block/window -> larger" table);
+  "original block/window -> larger" table); Learn2PD's G/2 cell uses its block-G/4 filter (``filter_block``),
+  chunk by chunk;
 - deployment ablation at width G/4: TraceLock full, without soft-crop (the whole generation region), without the
   dynamic threshold (a static threshold logit, 0 by default: commit when sigmoid(a) > theta), without both.
 
@@ -23,11 +25,14 @@ ABLATIONS = [("full", ""), ("w/o soft-crop", ":schedule=full"), ("w/o dynamic th
              ("w/o both", ":schedule=full:static_tau={tau}")]
 
 
-def main_policies() -> list[str]:
-    """The main table's rows; Learn2PD joins once the package registers an `l2p` policy."""
-    from tracelock.policies import POLICIES
+def main_policies(with_l2p: bool) -> list[str]:
+    """The main table's rows; Learn2PD when its filters are given."""
+    return ["random", "confidence", "threshold:tau=0.9"] + (["l2p"] if with_l2p else []) + ["tracelock"]
 
-    return ["random", "confidence", "threshold:tau=0.9"] + (["l2p"] if "l2p" in POLICIES else []) + ["tracelock"]
+
+def l2p_transfer(a: str) -> str:
+    """The policy token of Learn2PD generalised from setting ``a`` (G/W): its block-W filter."""
+    return f"l2p:filter_block={a.split('/')[1]}"
 
 
 def plan(lengths: list[int], widths: list[int]) -> dict:
@@ -65,7 +70,7 @@ def _markdown(rows_by_task: dict, layout: dict, policies: list[str], ablations: 
                 continue
             out = []
             for a, b in layout["generalisation"]:
-                ra, rb = cells.get((a, p)), cells.get((b, p))
+                ra, rb = cells.get((a, p)), cells.get((b, l2p_transfer(a) if p == "l2p" else p))
                 if ra is None or rb is None or ra["metric"] is None or rb["metric"] is None:
                     out.append("-")
                 else:
@@ -85,8 +90,8 @@ def _markdown(rows_by_task: dict, layout: dict, policies: list[str], ablations: 
     return "\n\n".join(parts) + "\n"
 
 
-def run_tables(model, controller, tasks: list[str], out, *, lengths=(64, 128), widths=(16, 32), limit=None,
-               static_tau: float = 0.0, batch_size=32, seed=0, workers=2, dtype="float32", device="cpu",
+def run_tables(model, controller, tasks: list[str], out, *, l2p=None, lengths=(64, 128), widths=(16, 32),
+               limit=None, static_tau: float = 0.0, batch_size=32, seed=0, workers=2, dtype="float32", device="cpu",
                rank=0, world_size=1, progress=None) -> str | None:
     """Decode what the three tables need into ``out/<task>/`` and write ``out/tables.md`` and ``tables.json``.
 
@@ -95,18 +100,21 @@ def run_tables(model, controller, tasks: list[str], out, *, lengths=(64, 128), w
     from tracelock.eval.runner import parse_policies, parse_settings, run_eval, slug
 
     layout = plan(list(lengths), list(widths))
-    main = main_policies()
+    main = main_policies(l2p is not None)
     ablations = [(name, "tracelock" + suffix.format(tau=static_tau)) for name, suffix in ABLATIONS]
     out = Path(out)
     rows_by_task = {}
     for task in tasks:
         folder = out / slug(task)
-        common = dict(n=limit, seed=seed, batch_size=batch_size, controller=controller, rank=rank,
+        common = dict(n=limit, seed=seed, batch_size=batch_size, controller=controller, l2p=l2p, rank=rank,
                       world_size=world_size, dtype=dtype, device=device, workers=workers, progress=progress)
         rows = run_eval(model, task, parse_policies(",".join(main)), parse_settings(",".join(layout["settings"])),
                         folder, **common)
         extra = run_eval(model, task, parse_policies(",".join(spec for _, spec in ablations[1:])),
                          parse_settings(",".join(layout["ablation"])), folder, **common)
+        for a, b in layout["generalisation"] if l2p is not None else []:
+            extra_l2p = run_eval(model, task, parse_policies(l2p_transfer(a)), parse_settings(b), folder, **common)
+            extra = None if extra is None else extra + extra_l2p
         if rank == 0:
             rows_by_task[task] = rows + extra
     if rank != 0:
@@ -114,7 +122,8 @@ def run_tables(model, controller, tasks: list[str], out, *, lengths=(64, 128), w
     text = _markdown(rows_by_task, layout, main, ablations)
     atomic_write_text(out / "tables.md", text)
     atomic_write_json(out / "tables.json", dict(layout=layout, policies=main, ablations=ablations,
-                                                rows=rows_by_task, model=str(model), controller=str(controller)))
+                                                rows=rows_by_task, model=str(model), controller=str(controller),
+                                                l2p=None if l2p is None else str(l2p)))
     return text
 
 
@@ -123,7 +132,8 @@ def run_tables_cli(args) -> int:
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     with torchrun_group(args.device) as (rank, world, device):
-        text = run_tables(args.model, args.controller, tasks, args.out, lengths=_ints(args.lengths, "--lengths"),
+        text = run_tables(args.model, args.controller, tasks, args.out, l2p=args.l2p,
+                          lengths=_ints(args.lengths, "--lengths"),
                           widths=_ints(args.widths, "--widths"), limit=args.limit, static_tau=args.static_tau,
                           batch_size=args.batch_size, seed=args.seed, workers=args.workers, dtype=args.dtype,
                           device=device, rank=rank, world_size=world,
@@ -151,6 +161,7 @@ def add_parsers(sub) -> None:
                                             "(resumable, torchrun-ready)")
     p.add_argument("--model", required=True, help='checkpoint folder, or "testbed"')
     p.add_argument("--controller", required=True, help="a `tracelock train --out` folder")
+    p.add_argument("--l2p", help="a `tracelock train-l2p --out` folder with a filter for every width (adds Learn2PD)")
     p.add_argument("--tasks", default="testbed:math,testbed:code", help="comma-separated task specs "
                                                                         "(see `tracelock eval --help`)")
     p.add_argument("--lengths", default="64,128", help="generation lengths (multiples of 4)")

@@ -207,7 +207,7 @@ def _decode_chunk(model, policy, prompts, gen_length, sched, seed, metas, contro
 
 
 def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, rank, batch_size, seed, schedule,
-                   controller, first_folder, workers):
+                   controller, first_folder, workers, l2p=None):
     """Decode this rank's not-yet-done ``items`` with one policy at one setting; append results and traces."""
     from tracelock.policies import make_policy
     from tracelock.policies.oracle import OraclePolicy
@@ -226,6 +226,8 @@ def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, ra
     reference = folder_items(first_folder) if policy.name == "oracle" else None
     if policy.name == "tracelock":  # loaded once: the controller and encoder come from disk
         pol = make_policy("tracelock", **{"controller": controller, "model": model, **policy.policy_args})
+    elif policy.name in ("l2p", "l2p-hidden"):  # its filters (one per block size) come from disk
+        pol = make_policy(policy.name, **{"filters": l2p, "model": model, **policy.policy_args})
     elif policy.name != "oracle":
         pol = make_policy(policy.name, **policy.policy_args)
     sched = schedule_of(policy, setting, schedule)
@@ -304,7 +306,7 @@ def _check_manifest(out: Path, manifest: dict) -> None:
         atomic_write_json(path, manifest)
         return
     old = json.loads(path.read_text())
-    keys = ("task", "model", "model_fingerprint", "n", "seed", "schedule", "controller")
+    keys = ("task", "model", "model_fingerprint", "n", "seed", "schedule", "controller", "l2p")
     changed = [k for k in keys if old.get(k) != manifest.get(k)]
     if changed:
         raise ValueError(f"{out} holds a run with other {', '.join(changed)} "
@@ -318,8 +320,8 @@ def _check_manifest(out: Path, manifest: dict) -> None:
 
 
 def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *, n=None, seed=0, batch_size=32,
-             schedule="auto", controller=None, rank=0, world_size=1, dtype="float32", device="cpu", workers=2,
-             judge=None, progress=None) -> list | None:
+             schedule="auto", controller=None, l2p=None, rank=0, world_size=1, dtype="float32", device="cpu",
+             workers=2, judge=None, progress=None) -> list | None:
     """Decode ``task_spec``'s first ``n`` items with every policy at every setting into ``out``.
 
     Returns the summary rows on rank 0 (None elsewhere). A judged task (QA) is ranked by ``judge`` (a
@@ -336,6 +338,9 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
         raise ValueError(f"schedule={schedule!r} must be auto, block or window")
     if any(p.name == "tracelock" for p in policies) and controller is None:
         raise ValueError("a tracelock policy needs --controller DIR (a `tracelock train --out` folder)")
+    if any(p.name in ("l2p", "l2p-hidden") and "filters" not in p.args for p in policies) and l2p is None:
+        raise ValueError("an l2p policy needs --l2p DIR (a `tracelock train-l2p --out` folder) or filters=DIR in "
+                         "its token")
     if batch_size < 1:
         raise ValueError(f"--batch-size {batch_size} must be >= 1")
     out = Path(out)
@@ -343,7 +348,8 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
     items = task.items(n)
     manifest = dict(task=task_spec, metric_name=task.metric_name, model=str(model_path),
                     model_fingerprint=model_fingerprint(model_path), n=len(items), seed=seed, schedule=schedule,
-                    controller=None if controller is None else str(controller), dtype=dtype,
+                    controller=None if controller is None else str(controller),
+                    l2p=None if l2p is None else str(l2p), dtype=dtype,
                     policies=[dict(label=p.label, slug=p.slug, name=p.name, args=p.args,
                                    schedule=schedule_kind(p, schedule)) for p in policies],
                     settings=[dict(label=s.label, slug=s.slug, gen_length=s.gen_length, width=s.width)
@@ -363,7 +369,7 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
             if progress:
                 progress(f"{setting.label} {policy.label}")
             _decode_policy(model, tokenizer, task, mine, policy, setting, folder, rank=rank, batch_size=batch_size,
-                           seed=seed, schedule=schedule, controller=controller, workers=workers,
+                           seed=seed, schedule=schedule, controller=controller, l2p=l2p, workers=workers,
                            first_folder=out / "runs" / setting.slug / policies[0].slug)
     if world_size > 1:
         torch.distributed.barrier()

@@ -13,6 +13,7 @@ import inspect
 from .base import Policy, StepInput
 from .dream import EntropyPolicy, MaskGitPlusPolicy, OriginPolicy, TopKMarginPolicy
 from .fastdllm import FactorPolicy, ThresholdPolicy
+from .l2p import L2PHiddenPolicy, L2PPolicy
 from .llada import ConfidencePolicy, RandomPolicy, TopKPolicy
 from .tracelock import TraceLockPolicy
 
@@ -31,6 +32,8 @@ POLICIES: dict[str, type[Policy]] = {
         ThresholdPolicy,
         FactorPolicy,
         TraceLockPolicy,
+        L2PPolicy,
+        L2PHiddenPolicy,
     )
 }
 

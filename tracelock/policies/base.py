@@ -18,7 +18,24 @@ import torch
 
 from ..signals import Signals, gumbel_noise
 
-__all__ = ["Policy", "StepInput", "active_first_order", "gumbel_topk_mask", "topk_mask"]
+__all__ = ["Lookahead", "Policy", "StepInput", "active_first_order", "gumbel_topk_mask", "topk_mask"]
+
+
+@dataclass
+class Lookahead:
+    """The signals of the generation positions right of the commit region, for a policy with ``eot_lookahead``
+    (Learn2PD's end-of-text prediction reads every masked position's proposal). Slots hold the canvas positions
+    ``[hi, hi + W)`` of each row's region end ``hi``; slots past the canvas repeat its last position and are inactive.
+
+    Args:
+        signals (Signals): [B, W] each.
+        active (torch.BoolTensor): [B, W] the slot is an active (masked) position.
+        positions (torch.LongTensor): [B, W] canvas position of each slot.
+    """
+
+    signals: Signals
+    active: torch.Tensor
+    positions: torch.Tensor
 
 
 @dataclass
@@ -45,6 +62,8 @@ class StepInput:
             the policy's inputs with its :meth:`Policy.tap_fold` (the fused loop has the backbone forward run
             `tracelock.ops.tap_project`); None on the reference path.
         attention_mask (torch.BoolTensor, optional): [B, L] False at left padding; None when no row is padded.
+        lookahead (Lookahead, optional): only for policies with ``eot_lookahead``: the positions right of the
+            region (None under a dual KV cache, which recomputes the region only).
     """
 
     signals: Signals
@@ -59,6 +78,7 @@ class StepInput:
     taps: tuple | None = None
     attention_mask: torch.Tensor | None = None
     tap_inputs: torch.Tensor | None = None
+    lookahead: Lookahead | None = None
 
 
 class Policy:
@@ -72,6 +92,11 @@ class Policy:
     deterministic: ClassVar[bool] = True
     # learned policies (TraceLock, L2P-Hidden) set this to receive the hidden-state taps in StepInput
     needs_taps: ClassVar[bool] = False
+    # built from a trained checkpoint (TraceLock's controller, Learn2PD's filters): `make_policy(name)` alone fails
+    learned: ClassVar[bool] = False
+    # end-of-text prediction (Learn2PD's EoTP): the policy reads the signals right of the commit region
+    # (StepInput.lookahead) and its `decide` may truncate the canvas
+    eot_lookahead: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._steps_per_region: int | None = None
@@ -108,6 +133,12 @@ class Policy:
             torch.BoolTensor: [B, R], a subset of ``inp.active``.
         """
         raise NotImplementedError
+
+    def decide(self, inp: StepInput, generator: torch.Generator | None = None):
+        """``(chosen [B, R], cut)``: the commit mask (:meth:`select`) and, for a policy that truncates the canvas
+        (Learn2PD's end-of-text prediction), ``cut`` [B] the last canvas position each row keeps (the canvas length
+        L for none); None (the default) when the policy never truncates."""
+        return self.select(inp, generator), None
 
     def commit_rule(self, inp: StepInput):
         """``(score [B, R], tau [B], theta, cap)`` when this step's commits are exactly `tracelock.ops.commit_step`'s

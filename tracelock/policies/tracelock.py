@@ -85,6 +85,7 @@ class TraceLockPolicy(Policy):
     name = "tracelock"
     deterministic = True
     needs_taps = True
+    learned = True
 
     def __init__(self, controller, encoder=None, theta: float | None = None, cap: int | None = None,
                  static_tau: float | None = None, reference_release: bool = False, model=None) -> None:
