@@ -268,3 +268,66 @@ def test_cli_help_defaults_match_train_config():
     cfg = TrainConfig(cache="", out="")
     for name, kind, default in DEFAULTS:
         assert getattr(cfg, name.replace("-", "_")) == default and isinstance(default, kind), name
+
+
+def test_self_training_mix_ratio_keeps_the_old_pool():
+    from tracelock.train.mix import MixedCache, mixed_counts
+
+    assert mixed_counts(10, 3, 0.5) == 10 and mixed_counts(10, 3, 0.25) == 3 and mixed_counts(4, 50, 0.9) == 36
+    for bad in (0, 1, 1.5, True):
+        with pytest.raises(ValueError, match="alpha="):
+            mixed_counts(10, 3, bad)
+    pre, new = SyntheticCache(traces=20, seed=0), SyntheticCache(traces=6, seed=1)
+    for alpha in (0.25, 0.5, 0.8):
+        mix = MixedCache(pre, new, alpha)
+        train_idx, val_idx = mix.split(0.2, seed=0)
+        pre_train, pre_val = pre.split(0.2, 0)
+        new_train, new_val = new.split(0.2, 0)
+        n_new = round(alpha / (1 - alpha) * len(pre_train))
+        assert len(train_idx) == len(pre_train) + n_new and len(val_idx) == len(pre_val) + len(new_val)
+        assert mix.share_of_new(train_idx) == pytest.approx(alpha, abs=1 / len(train_idx))
+        # every item of the old pool's training split is in the mix, once
+        assert [mix[int(i)] for i in train_idx[:len(pre_train)]] == [pre[int(i)] for i in pre_train]
+        assert {id(mix[int(i)]) for i in train_idx[len(pre_train):]} == {id(new[int(i)]) for i in new_train}
+    other = SyntheticCache(traces=6, seed=1)
+    other.index = {"encoder": {"digest": "another"}}
+    with pytest.raises(ValueError, match="different encoders"):
+        MixedCache(pre, other, 0.5)
+    with pytest.raises(RuntimeError, match="split"):
+        len(MixedCache(pre, new, 0.5))
+
+
+def test_warm_start_continues_from_the_controller(tmp_path):
+    from tracelock.controller import Controller
+    from tracelock.train.mix import MixedCache
+
+    cache = SyntheticCache(traces=12, steps=2)
+    first = train(_config(tmp_path, "first", dropout=0.0), cache=cache)
+    # lr 0: the warm-started run's best checkpoint is exactly its initialisation
+    warm = train(_config(tmp_path, "warm", init=str(first), lr=0.0, width=64),
+                 cache=MixedCache(cache, SyntheticCache(traces=6, seed=1), 0.5))
+    a, b = Controller.load(first), Controller.load(warm)
+    assert a.config.width == b.config.width == 32  # the architecture is the checkpoint's, not the config's
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name
+    with pytest.raises(ValueError, match="mix_cache and alpha go together"):
+        _config(tmp_path, "bad", mix_cache="somewhere")
+
+
+def test_self_train_end_to_end(real_cache, tmp_path):
+    """On-policy traces at the stricter threshold, featurized with the controller's encoder, mixed, warm-started."""
+    from tracelock.cli import main
+    from tracelock.traces.store import iter_traces
+
+    model, root = real_cache
+    assert main(["train", *_cli(str(root / "cache"), str(tmp_path / "ctrl"), "--encoder", str(root / "encoder"))]) == 0
+    assert main(["self-train", "--model", str(root / "llada"), "--controller", str(tmp_path / "ctrl"), "--cache",
+                 str(root / "cache"), "--prompts", "testbed:math", "--num", "6", "--out", str(tmp_path / "st"),
+                 "--gen-length", "16", "--window", "8", "--steps", "2", "--batch-size", "8", "--alpha", "0.3"]) in (0,
+                                                                                                                None)
+    traces = list(iter_traces(tmp_path / "st" / "traces"))
+    assert traces and all(t.meta["policy"] == "tracelock" and t.meta["policy_args"]["theta"] == 0.97 for t in traces)
+    state = json.loads((tmp_path / "st" / "controller" / "state.json").read_text())
+    assert state["config"]["init"] == str(tmp_path / "ctrl") and state["config"]["alpha"] == 0.3
+    assert (tmp_path / "st" / "controller" / "best.safetensors").is_file()
+    assert (tmp_path / "st" / "controller" / "encoder.json").is_file()

@@ -11,6 +11,7 @@ SUBCOMMAND_MODULES = (
     "tracelock.traces.features_cli",
     "tracelock.train.cli",
     "tracelock.l2p.cli",
+    "tracelock.train.self_train",
     "tracelock.testbed.ar_calibration",
     "tracelock.eval.report",
     "tracelock.eval.cli",

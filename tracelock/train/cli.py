@@ -34,5 +34,8 @@ def add_parsers(sub):
     p.add_argument("--confidence-input", action="store_true", default=None,
                    help="add the proposals' max-prob as an input (the reference release does)")
     p.add_argument("--state-embedding", action="store_true", default=None, help="add a position-state embedding")
+    p.add_argument("--init", help="warm start: a controller run folder (its architecture and weights)")
+    p.add_argument("--mix-cache", help="a second feature cache mixed in at share --alpha (self-training)")
+    p.add_argument("--alpha", type=float, help="share of --mix-cache items in the training mix, in (0, 1)")
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.set_defaults(func=_train)

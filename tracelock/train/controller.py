@@ -36,7 +36,8 @@ __all__ = ["TrainConfig", "batch_items", "collate", "controller_loss", "crop_len
 
 # the fields of TrainConfig a resumed run must share with the run it continues (steps may grow)
 _FIXED = ("batch_size", "lr", "weight_decay", "clip", "seed", "val_fraction", "features", "confidence_input",
-          "state_embedding", "width", "layers", "heads", "ffn", "dropout", "k", "lambda_tau", "eot_weight")
+          "state_embedding", "width", "layers", "heads", "ffn", "dropout", "k", "lambda_tau", "eot_weight", "init",
+          "mix_cache", "alpha")
 
 
 @dataclass
@@ -70,6 +71,11 @@ class TrainConfig:
     eot_weight: float = 1.0
     encoder: str | None = None
     device: str | None = None
+    # warm start: a controller (run folder or .safetensors) whose architecture and weights the run starts from
+    init: str | None = None
+    # self-training: a second cache mixed in at share alpha (`tracelock.train.mix.MixedCache`)
+    mix_cache: str | None = None
+    alpha: float | None = None
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "eval_every", "width", "layers", "heads", "ffn"):
@@ -77,6 +83,8 @@ class TrainConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a positive int")
         if not 0 < self.val_fraction < 1:
             raise ValueError(f"val_fraction={self.val_fraction} must lie in (0, 1)")
+        if (self.mix_cache is None) != (self.alpha is None):
+            raise ValueError("mix_cache and alpha go together: pass both (a self-training mix) or neither")
 
 
 def crop_lengths(gen_lengths: np.ndarray, r: np.ndarray) -> np.ndarray:
@@ -241,6 +249,10 @@ def train(config: TrainConfig, *, cache=None, resume: bool = False) -> Path:
         from tracelock.traces.cache import FeatureCache
 
         cache = FeatureCache(config.cache)
+        if config.mix_cache is not None:
+            from tracelock.train.mix import MixedCache
+
+            cache = MixedCache(cache, FeatureCache(config.mix_cache), config.alpha)
     out = Path(config.out)
     if (out / "state.json").exists() and not resume:
         raise ValueError(f"{out} already holds a training run; pass --resume to continue it or a new --out")
@@ -260,7 +272,7 @@ def train(config: TrainConfig, *, cache=None, resume: bool = False) -> Path:
                             features=config.features, width=config.width, layers=config.layers, heads=config.heads,
                             ffn=config.ffn, dropout=config.dropout, confidence_input=config.confidence_input,
                             state_embedding=config.state_embedding, fingerprint=_cache_fingerprint(cache))
-    model = Controller(ccfg).to(device)
+    model = Controller(ccfg).to(device) if config.init is None else _warm_start(config.init, ccfg, device)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     info = dict(config=asdict(config), best_f0_5=-1.0, best_step=None, history=[])
     if resume:
@@ -317,6 +329,18 @@ def train(config: TrainConfig, *, cache=None, resume: bool = False) -> Path:
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return out
+
+
+def _warm_start(path, ccfg: ControllerConfig, device) -> Controller:
+    """The controller at ``path``, in training mode, after checking it reads this cache's codes."""
+    model = Controller.load(path, device=device)
+    if model.config.code_dim != ccfg.code_dim or model.config.groups != ccfg.groups:
+        raise ValueError(f"--init {path} reads {model.config.code_dim} codes but the cache holds {ccfg.code_dim}; "
+                         "warm-start from a controller trained on codes of the same encoder")
+    from tracelock.controller import check_fingerprint
+
+    check_fingerprint(model.config.fingerprint, ccfg.fingerprint)
+    return model.train().requires_grad_(True)
 
 
 def _finish(out: Path, cache, val_idx, val_r, config: TrainConfig, device, info: dict) -> None:

@@ -1,0 +1,104 @@
+"""`tracelock self-train`: deployment-aware self-training (paper appendix "Other Variations").
+
+1. decode new prompts with the trained controller at a slightly stricter threshold (``theta``, default 0.97 against
+   the deployed 0.95), recording on-policy traces, and keep those that pass the collection filters;
+2. featurize them with the controller's own encoder (labels from their final sequences, as for any trace);
+3. train from the controller (warm start) on ``alpha D_self + (1 - alpha) D_pre``, the original pool kept whole.
+
+Every stage resumes: the trace store and the cache skip what they hold, and training continues its saved state.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["self_train"]
+
+
+def self_train(model_path, controller, pre_cache, prompts: str, out, *, num=None, gen_length=64, window=None,
+               block=None, theta=0.97, alpha=0.5, steps=1000, batch_size=32, lr=1e-4, eval_every=None, seed=1,
+               decode_batch_size=16, filters=None, device="cpu", progress=None) -> Path:
+    """Run the three stages into ``out`` (``traces/``, ``cache/``, ``controller/``); returns the new run folder.
+
+    Args:
+        model_path: the backbone (checkpoint folder or "testbed").
+        controller: the supervised controller's run folder (`tracelock train --out`, holding its encoder).
+        pre_cache: the feature cache it was trained on (the original pool).
+        prompts (str): new prompts (`tracelock.traces.collect.load_items` spec); testbed items are drawn with
+            ``seed`` (default 1, so not the original pool's seed-0 sample).
+        theta (float): the commit threshold while collecting. Default: 0.97.
+        alpha (float): share of the self-training pool in the training mix. Default: 0.5.
+        steps, batch_size, lr, eval_every: training (``eval_every`` default: ``steps // 4``).
+        window / block: the decoding schedule while collecting. Default: window 16.
+    """
+    from tracelock.features import load_encoder
+    from tracelock.models import load_model
+    from tracelock.traces.cache import featurize
+    from tracelock.traces.collect import collect
+    from tracelock.traces.store import iter_traces
+    from tracelock.train.controller import TrainConfig, train
+
+    out, controller = Path(out), Path(controller)
+    if not (controller / "best.safetensors").is_file():
+        raise FileNotFoundError(f"--controller {controller} holds no best.safetensors; pass a `tracelock train --out` "
+                                "folder")
+    if not 0 < theta < 1:
+        raise ValueError(f"theta={theta!r} must lie in (0, 1); slightly above the deployed 0.95, e.g. 0.97")
+    if block is None and window is None:
+        window = 16
+    say = progress or (lambda what: None)
+    say("collect on-policy traces")
+    summary = collect(model_path, prompts, out / "traces", num=num, gen_length=gen_length, block=block, window=window,
+                      policy="tracelock", policy_args=dict(controller=str(controller), theta=theta),
+                      batch_size=decode_batch_size, seed=seed, filters=filters, device=device)
+    say("featurize them with the controller's encoder")
+    model = load_model(model_path, device=device)
+    encoder = load_encoder(controller, model)
+    featurize(model, encoder, iter_traces(out / "traces"), out / "cache")
+    say("train from the controller on the mix")
+    run = out / "controller"
+    config = TrainConfig(cache=str(pre_cache), out=str(run), steps=steps, batch_size=batch_size, lr=lr,
+                         eval_every=eval_every or max(1, steps // 4), init=str(controller),
+                         mix_cache=str(out / "cache"), alpha=alpha, encoder=str(controller), device=device)
+    train(config, resume=(run / "state.json").exists())
+    (out / "self_train.json").write_text(json.dumps(dict(collect=summary, theta=theta, alpha=alpha, steps=steps,
+                                                         controller=str(controller), pre_cache=str(pre_cache)),
+                                                    indent=1) + "\n")
+    return run
+
+
+def _self_train(args):
+    import sys
+
+    run = self_train(args.model, args.controller, args.cache, args.prompts, args.out, num=args.num,
+                     gen_length=args.gen_length, window=args.window, block=args.block, theta=args.theta,
+                     alpha=args.alpha, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                     eval_every=args.eval_every, seed=args.seed, decode_batch_size=args.decode_batch_size,
+                     device=args.device, progress=lambda what: print(f"  {what}", file=sys.stderr, flush=True))
+    print(f"self-trained controller in {run} (traces and their cache beside it)")
+
+
+def add_parsers(sub):
+    p = sub.add_parser("self-train", help="deployment-aware self-training: on-policy traces, mixed with the "
+                                          "original pool, warm-started training")
+    p.add_argument("--model", required=True, help='checkpoint folder, or "testbed"')
+    p.add_argument("--controller", required=True, help="the supervised controller (`tracelock train --out`)")
+    p.add_argument("--cache", required=True, help="the feature cache it was trained on (the original pool, kept)")
+    p.add_argument("--prompts", required=True, help="new prompts: testbed:TASKS or a JSONL file")
+    p.add_argument("--num", type=int, help="items per testbed task (required there)")
+    p.add_argument("--out", required=True, help="folder for traces/, cache/ and controller/ (re-running resumes)")
+    p.add_argument("--gen-length", type=int, default=64)
+    sched = p.add_mutually_exclusive_group()
+    sched.add_argument("--window", type=int, help="decoding window while collecting (default 16)")
+    sched.add_argument("--block", type=int, help="semi-AR blocks while collecting instead")
+    p.add_argument("--theta", type=float, default=0.97, help="commit threshold while collecting (deployed: 0.95)")
+    p.add_argument("--alpha", type=float, default=0.5, help="share of the new traces in the training mix")
+    p.add_argument("--steps", type=int, default=1000, help="training steps (paper: 1000)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--eval-every", type=int, help="validation every N steps (default steps // 4)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the testbed sample (the original pool used 0)")
+    p.add_argument("--decode-batch-size", type=int, default=16)
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=_self_train)
