@@ -12,6 +12,7 @@ SUBCOMMAND_MODULES = (
     "tracelock.train.cli",
     "tracelock.l2p.cli",
     "tracelock.train.self_train",
+    "tracelock.rl.train",
     "tracelock.testbed.ar_calibration",
     "tracelock.eval.report",
     "tracelock.eval.cli",
