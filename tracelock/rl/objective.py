@@ -24,7 +24,7 @@ def rescaled_probs(p: torch.Tensor, eta: float, eps: float) -> tuple[torch.Tenso
     return ((p - eta) / (1 - eta)).clamp(eps, 1 - eps), p > eta
 
 
-def bernoulli_terms(p_tilde: torch.Tensor, u: torch.Tensor, eligible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def bernoulli_terms(p_tilde: torch.Tensor, u: torch.Tensor, eligible: torch.Tensor) -> tuple:
     """([b] log-likelihood of the decisions ``u``, [b] entropy), each summed over the eligible positions of a step."""
     u = u.to(p_tilde.dtype)
     logp = u * torch.log(p_tilde) + (1 - u) * torch.log1p(-p_tilde)

@@ -28,7 +28,8 @@ class TaskReward(Reward):
     """1.0 where the task's checker accepts the completion.
 
     Args:
-        task: a `tracelock.eval.tasks.Task` (``score(items, completions)`` -> bools), e.g. ``make_task("testbed:math")``.
+        task: a `tracelock.eval.tasks.Task` (``score(items, completions)`` -> bools), e.g.
+            ``make_task("testbed:math")``.
         workers (int): sandbox processes for code. Default: 2.
     """
 
