@@ -20,6 +20,7 @@ import torch
 
 from tracelock.atomic import atomic_write, atomic_write_text
 from tracelock.rl.objective import group_advantages, rl_loss
+from tracelock.train.state import load_training_tensors, training_tensors
 
 __all__ = ["reward_curve_png", "rl_train"]
 
@@ -27,9 +28,7 @@ __all__ = ["reward_curve_png", "rl_train"]
 def _save(out: Path, step: int, controller, opt, history: list, settings: dict) -> None:
     from safetensors.torch import save_file
 
-    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in controller.state_dict().items()}
-    for i, st in opt.state_dict()["state"].items():
-        tensors.update({f"opt.{i}.{k}": torch.as_tensor(v).cpu().contiguous() for k, v in st.items()})
+    tensors = training_tensors(controller, opt)
     atomic_write(out / "state.safetensors", lambda tmp: save_file(tensors, tmp))
     controller.save(out / "best.safetensors")
     atomic_write_text(out / "history.jsonl", "".join(json.dumps(h) + "\n" for h in history))
@@ -46,15 +45,7 @@ def _load(out: Path, controller, opt, settings: dict) -> tuple[int, list]:
     if changed:
         raise ValueError(f"{out} holds an RL run with other {', '.join(changed)}; pass the same arguments to resume "
                          "it or another --out")
-    tensors = load_file(str(out / "state.safetensors"))
-    controller.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-    sd = opt.state_dict()
-    sd["state"] = {}
-    for key, v in tensors.items():
-        if key.startswith("opt."):
-            _, i, name = key.split(".", 2)
-            sd["state"].setdefault(int(i), {})[name] = v
-    opt.load_state_dict(sd)
+    load_training_tensors(load_file(str(out / "state.safetensors")), controller, opt)
     history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines() if line.strip()]
     return state["step"], history[:state["step"]]
 

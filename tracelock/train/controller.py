@@ -31,6 +31,7 @@ from tracelock import states
 from tracelock.atomic import atomic_write, atomic_write_json, atomic_write_text
 from tracelock.controller import Controller, ControllerConfig, active_confidence
 from tracelock.train import metrics
+from tracelock.train.state import load_training_tensors, training_tensors
 
 __all__ = ["TrainConfig", "batch_items", "collate", "controller_loss", "crop_lengths", "loss_terms", "train"]
 
@@ -195,9 +196,7 @@ def _save_state(out: Path, step: int, model, opt, info: dict) -> None:
     it (the JSON is replaced last, so a crash leaves the previous consistent pair)."""
     from safetensors.torch import save_file
 
-    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    for i, st in opt.state_dict()["state"].items():
-        tensors.update({f"opt.{i}.{k}": torch.as_tensor(v).cpu().contiguous() for k, v in st.items()})
+    tensors = training_tensors(model, opt)
     name = f"state-{step:08d}.safetensors"
     atomic_write(out / name, lambda tmp: save_file(tensors, tmp))
     text = json.dumps(dict(info, step=step, file=name), indent=1)
@@ -211,15 +210,7 @@ def _load_state(out: Path, model, opt) -> dict:
     from safetensors.torch import load_file
 
     info = json.loads((out / "state.json").read_text())
-    tensors = load_file(str(out / info["file"]))
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-    sd = opt.state_dict()
-    sd["state"] = {}
-    for key, v in tensors.items():
-        if key.startswith("opt."):
-            _, i, name = key.split(".", 2)
-            sd["state"].setdefault(int(i), {})[name] = v
-    opt.load_state_dict(sd)
+    load_training_tensors(load_file(str(out / info["file"])), model, opt)
     return info
 
 
