@@ -147,6 +147,22 @@ class TraceLockPolicy(Policy):
         out = tap_project_ref(*(t.reshape(B * T, D) for t in taps), *self._fold)
         return out.reshape(B, T, -1)
 
+    def context(self, inp: StepInput, T: int) -> tuple:
+        """(key_mask [B, T], confidence input [B, T] or None) of the controller at one step: the sequence cropped
+        after the region's last slot, with left padding masked."""
+        positions, B = inp.positions, inp.positions.shape[0]
+        # the region ends right after its last slot (slots past it repeat the last position)
+        key_mask = torch.arange(T, device=positions.device) < (positions.max(dim=1).values + 1)[:, None]
+        if inp.attention_mask is not None:
+            key_mask &= inp.attention_mask[:, :T].bool()
+        conf = None
+        if self._controller.config.confidence_input:
+            # max-prob at the active slots, 0 elsewhere (training's convention); inactive slots write a spare column
+            where = torch.where(inp.active, positions, T)
+            conf = torch.zeros(B, T + 1, device=positions.device).scatter(1, where, inp.signals.confidence.float())
+            conf = conf[:, :T]
+        return key_mask, conf
+
     @torch.no_grad()
     def slot_scores(self, inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
         """(a [B, R] controller scores of the slots, tau [B] the threshold logit used) at one step."""
@@ -164,21 +180,11 @@ class TraceLockPolicy(Policy):
             B, T, D = inp.taps[0].shape
             self._prepare(inp.taps[0].device, D)
             inputs = self._inputs(inp.taps)
-        positions, active = inp.positions, inp.active
-        # the region ends right after its last slot (slots past it repeat the last position)
-        key_mask = torch.arange(T, device=positions.device) < (positions.max(dim=1).values + 1)[:, None]
-        if inp.attention_mask is not None:
-            key_mask &= inp.attention_mask[:, :T].bool()
-        conf = None
-        if self._controller.config.confidence_input:
-            # max-prob at the active slots, 0 elsewhere (training's convention); inactive slots write a spare column
-            where = torch.where(active, positions, T)
-            conf = torch.zeros(B, T + 1, device=positions.device).scatter(1, where, inp.signals.confidence.float())
-            conf = conf[:, :T]
+        key_mask, conf = self.context(inp, T)
         a, tau = self._controller.forward_projected(inputs, inp.state[:, :T], key_mask, conf)
         if self.static_tau is not None:
             tau = torch.full_like(tau, self.static_tau)
-        a = a.gather(1, positions)
+        a = a.gather(1, inp.positions)
         if self.record_scores:
             self.last_scores = (a, tau)
         return a, tau

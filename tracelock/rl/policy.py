@@ -49,17 +49,9 @@ class SampledTraceLockPolicy(TraceLockPolicy):
     def _step_tensors(self, inp: StepInput) -> dict:
         B, T, D = inp.taps[0].shape
         self._prepare(inp.taps[0].device, D)
-        positions = inp.positions
-        key_mask = torch.arange(T, device=positions.device) < (positions.max(dim=1).values + 1)[:, None]
-        if inp.attention_mask is not None:
-            key_mask &= inp.attention_mask[:, :T].bool()
-        conf = None
-        if self._controller.config.confidence_input:
-            where = torch.where(inp.active, positions, T)
-            conf = torch.zeros(B, T + 1, device=positions.device).scatter(1, where, inp.signals.confidence.float())
-            conf = conf[:, :T]
+        key_mask, conf = self.context(inp, T)
         return dict(codes=self._encoder.codes(*inp.taps), state=inp.state[:, :T], key_mask=key_mask, conf=conf,
-                    positions=positions, active=inp.active)
+                    positions=inp.positions, active=inp.active)
 
     def _probs(self, t: dict) -> tuple[torch.Tensor, torch.Tensor]:
         ctrl = self._controller
