@@ -149,7 +149,7 @@ class L2PPolicy(Policy):
         return chosen, (self.end_cut(inp, accepted) if self.eotp else None)
 
     def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
-        return self.decide(inp, generator)[0]
+        return self.accepts(inp) | self._base.select(inp, generator)
 
     def end_cut(self, inp: StepInput, accepted: torch.Tensor) -> torch.Tensor:
         """[B] the last canvas position each row keeps (L: no cut). The filter's first accepted end token wins;

@@ -57,13 +57,14 @@ class MixedCache:
         """Share of the given mix indices that come from the self-training pool."""
         return float(np.mean([self._items[i][0] for i in indices]))
 
-    def __len__(self) -> int:
+    def _mix(self) -> list:
         if self._items is None:
             raise RuntimeError("call MixedCache.split(...) first: it builds the mix")
-        return len(self._items)
+        return self._items
+
+    def __len__(self) -> int:
+        return len(self._mix())
 
     def __getitem__(self, i: int) -> dict:
-        source, j = self._items[i] if self._items is not None else (None, None)
-        if source is None:
-            raise RuntimeError("call MixedCache.split(...) first: it builds the mix")
+        source, j = self._mix()[i]
         return (self.pre if source == 0 else self.new)[j]

@@ -10,8 +10,9 @@ Every stage resumes: the trace store and the cache skip what they hold, and trai
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from tracelock.atomic import atomic_write_json
 
 __all__ = ["self_train"]
 
@@ -62,9 +63,8 @@ def self_train(model_path, controller, pre_cache, prompts: str, out, *, num=None
                          eval_every=eval_every or max(1, steps // 4), init=str(controller),
                          mix_cache=str(out / "cache"), alpha=alpha, encoder=str(controller), device=device)
     train(config, resume=(run / "state.json").exists())
-    (out / "self_train.json").write_text(json.dumps(dict(collect=summary, theta=theta, alpha=alpha, steps=steps,
-                                                         controller=str(controller), pre_cache=str(pre_cache)),
-                                                    indent=1) + "\n")
+    atomic_write_json(out / "self_train.json", dict(collect=summary, theta=theta, alpha=alpha, steps=steps,
+                                                    controller=str(controller), pre_cache=str(pre_cache)))
     return run
 
 
