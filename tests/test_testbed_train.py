@@ -65,6 +65,12 @@ def test_resume_after_interruption_gives_the_same_weights(trained, tmp_path):
         train(micro_config(out), resume=False, progress=False)
     with pytest.raises(ValueError, match="another configuration"):
         train(micro_config(out, lr=5e-4), progress=False)
+    # a state saved before a setting existed (here block_fraction) resumes while that setting is at its default
+    log = json.loads((out / "train_state.json").read_text())
+    del log["config"]["block_fraction"], log["config"]["block_sizes"]
+    (out / "train_state.json").write_text(json.dumps(log))
+    with pytest.raises(ValueError, match="another configuration"):
+        train(micro_config(out, block_fraction=0.5), progress=False)
     train(micro_config(out), progress=False)
     a, b = load_file(str(trained / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -59,8 +59,14 @@ class TrainConfig:
 
 
 def _weights_config(config: dict) -> dict:
-    """The settings that determine the weights (JSON-normalised), for the resume check."""
-    return {k: v for k, v in json.loads(json.dumps(config)).items() if k not in ("out", "save_every", "threads")}
+    """The settings that determine the weights (JSON-normalised), for the resume check.
+
+    A setting missing from ``config`` (a state saved before the setting existed) takes its default, which
+    reproduces the older behaviour: a run saved then resumes when the new setting is left at its default.
+    """
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
+    full = json.loads(json.dumps({**defaults, **config}))
+    return {k: v for k, v in full.items() if k not in ("out", "save_every", "threads")}
 
 
 class Batches:
