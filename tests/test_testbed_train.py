@@ -106,6 +106,37 @@ def test_demo_cli(trained):
     assert "| random 1/step |" in proc.stdout and "| oracle (of confidence 1/step) |" in proc.stdout
 
 
+def test_demo_method_trains_a_controller_and_the_demo_uses_it(trained, tmp_path):
+    from tracelock.testbed.demo_method import DemoMethodConfig, train_demo_controller
+
+    config = DemoMethodConfig(num=3, gen_length=16, block=8, fraction=0.5, max_positions=256, steps=2,
+                              batch_size=4, filters=False)
+    said = []
+    run = train_demo_controller(trained, tmp_path / "work", config, say=said.append)
+    assert said[0].startswith("collect") and said[-1].startswith("train")
+    assert (run / "best.safetensors").is_file() and (run / "encoder.json").is_file()
+    summary = json.loads((tmp_path / "work" / "demo_method.json").read_text())
+    assert summary["collect"]["kept"] == 6 and summary["config"]["steps"] == 2
+    # a finished pipeline is reused, not run again
+    said.clear()
+    assert train_demo_controller(trained, tmp_path / "work", config, say=said.append) == run
+    assert said == [f"reusing the controller in {run}"]
+    proc = subprocess.run([sys.executable, "-m", "tracelock", "demo", "--model", str(trained), "--n", "2",
+                           "--tasks", "math", "--gen-length", "16", "--block", "8", "--controller", str(run)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "| TraceLock (window 8) |" in proc.stdout and "| oracle (of confidence 1/step) |" in proc.stdout
+
+
+def test_demo_method_refuses_when_every_trace_is_filtered(trained, tmp_path):
+    from tracelock.testbed.demo_method import DemoMethodConfig, train_demo_controller
+
+    # the micro model writes degenerate text, which the default filters drop
+    config = DemoMethodConfig(num=2, tasks="math", gen_length=16, block=8, steps=1, batch_size=2)
+    with pytest.raises(RuntimeError, match="filtered out"):
+        train_demo_controller(trained, tmp_path / "work", config)
+
+
 def test_eval_cli_resumes_per_policy_row(trained, tmp_path):
     out = tmp_path / "eval.json"
     cmd = [sys.executable, "-m", "tracelock", "testbed-eval", "--model", str(trained), "--tasks", "math", "--n", "2",

@@ -57,6 +57,12 @@ def _add_demo(sub):
     sched.add_argument("--window", type=int, help="soft-crop window width")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out sample")
+    p.add_argument("--tracelock", action="store_true",
+                   help="add TraceLock: train a controller with the whole method (collect, fit-encoder, featurize, "
+                        "train) in --work, or use --controller")
+    p.add_argument("--work", default="tracelock-demo",
+                   help="folder of the method's traces, encoder, cache and controller (a rerun reuses them)")
+    p.add_argument("--controller", help="a `tracelock train --out` folder to use instead of training one")
     p.set_defaults(func=_demo)
 
 

@@ -20,10 +20,28 @@ from tracelock.testbed.evaluate import (
 from tracelock.testbed.tasks import held_out
 
 
+def _say(what: str) -> None:
+    print(f"  {what}", file=sys.stderr, flush=True)
+
+
+def _demo_controller(args):
+    """The controller of the TraceLock row: ``--controller``, or the one the method pipeline trains in ``--work``."""
+    if args.controller:
+        return args.controller
+    from tracelock.testbed.demo_method import train_demo_controller
+
+    t0 = time.perf_counter()
+    run = train_demo_controller(args.model, args.work, say=_say)
+    print(f"controller ready in {run} ({time.perf_counter() - t0:.0f} s: collect, fit-encoder, featurize, train)\n")
+    return run
+
+
 def run_demo(args) -> int:
     t0 = time.perf_counter()
+    controller = _demo_controller(args) if args.tracelock or args.controller else None
     model, tokenizer = load_model(args.model), load_tokenizer(args.model)
     block = args.block if args.block or args.window else 16
+    width = args.window or block
     setting = f"gen {args.gen_length}, " + (f"window {args.window}" if args.window else f"block {block}")
     for task in [t.strip() for t in args.tasks.split(",") if t.strip()]:
         items = held_out(task, "test", args.n, seed=args.seed)
@@ -31,7 +49,13 @@ def run_demo(args) -> int:
                                  block=None if args.window else block, window=args.window,
                                  policies=demo_policies(args.gen_length),
                                  batch_size=args.batch_size,
-                                 progress=lambda label, task=task: print(f"  {task}: {label}", file=sys.stderr))
+                                 progress=lambda label, task=task: _say(f"{task}: {label}"))
+        if controller is not None:
+            # TraceLock in its own soft-crop window of the same width (the paper's protocol)
+            _say(f"{task}: tracelock")
+            rows.append(evaluate_policy(model, tokenizer, items, f"TraceLock (window {width})", "tracelock",
+                                        {"controller": str(controller)}, gen_length=args.gen_length, window=width,
+                                        batch_size=args.batch_size))
         print(format_table(task, setting, [r.summary() for r in rows]) + "\n")
         best = rows[0]
         print(f"sample ({best.label}):\n{items[0].prompt}\n---\n{best.completions[0]}\n")
