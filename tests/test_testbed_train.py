@@ -15,7 +15,7 @@ from tracelock.models.spec import CheckpointError
 from tracelock.testbed import held_out
 from tracelock.testbed.evaluate import evaluate_policies, format_table
 from tracelock.testbed.model_files import NUMBER_TOKENS, train_tokenizer
-from tracelock.testbed.train import TrainConfig, block_mask, sft_loss, train
+from tracelock.testbed.train import Batches, TrainConfig, block_mask, sft_loss, train
 
 
 def micro_config(out, **kw):
@@ -74,6 +74,29 @@ def test_resume_after_interruption_gives_the_same_weights(trained, tmp_path):
     train(micro_config(out), progress=False)
     a, b = load_file(str(trained / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_compiled_steps_resume_an_eager_run_and_match_it(trained, tmp_path):
+    torch._dynamo.reset()
+    out = tmp_path / "run"
+    train(micro_config(out), progress=False, stop_after=2)
+    train(micro_config(out, compile=True), progress=False)  # --compile may be switched on at resume
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # the loss really went through compile
+    a, b = load_file(str(trained / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k].float(), b[k].float(), atol=1e-3) for k in a)
+    # the compiled loss is the eager one up to float reordering: same value, same gradients
+    model = tracelock.load_model(out, dtype=torch.float32).requires_grad_(True)  # loaded frozen
+    x, region, answer_len = Batches(micro_config(out), tracelock.load_tokenizer(out), model.spec)(7)
+    results = []
+    for fn in (sft_loss, torch.compile(sft_loss, dynamic=True)):
+        model.zero_grad()
+        loss = fn(model, x, region, torch.Generator().manual_seed(3), 1e-3, answer_len)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (eager_loss, eager_grads), (compiled_loss, compiled_grads) = results
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)
+    for e, c in zip(eager_grads, compiled_grads):
+        torch.testing.assert_close(c, e, rtol=1e-3, atol=1e-6)
 
 
 def test_evaluation_scores_math_and_sandboxed_code(trained):

@@ -110,6 +110,8 @@ def _add_testbed_train(sub):
     for name in ("lr", "long_fraction", "block_fraction"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=None,
                        help=f"default {getattr(defaults, name)}")
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="torch.compile the training step (about 1.5x faster on CPU after a one-minute compile)")
     p.set_defaults(func=_testbed_train)
 
 

@@ -56,6 +56,9 @@ class TrainConfig:
     # NOTE: bf16 autocast made a step ~30x slower on this 2-core CPU (57 s vs 1.9 s); fp32 is the default
     bf16: bool = False
     threads: int = 0  # 0: torch's default
+    # torch.compile the loss (forward + backward): 1.5x faster steps on this 2-core CPU after a ~1 min compile;
+    # the weights differ from an eager run's only by float reordering, so a run may switch on resume
+    compile: bool = False
 
 
 def _weights_config(config: dict) -> dict:
@@ -66,7 +69,7 @@ def _weights_config(config: dict) -> dict:
     """
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
     full = json.loads(json.dumps({**defaults, **config}))
-    return {k: v for k, v in full.items() if k not in ("out", "save_every", "threads")}
+    return {k: v for k, v in full.items() if k not in ("out", "save_every", "threads", "compile")}
 
 
 class Batches:
@@ -232,6 +235,8 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
         if _weights_config(log["config"]) != _weights_config(dataclasses.asdict(cfg)):
             raise ValueError(f"{out} was trained with another configuration; resume with the same arguments")
     batches = Batches(cfg, tok, model.spec)
+    # dynamic: one graph for every sequence length (prompts and generation regions vary per batch)
+    loss_fn = torch.compile(sft_loss, dynamic=True) if cfg.compile else sft_loss
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, unit="step")
     t0, window = time.perf_counter(), []
     for step in bar:
@@ -240,7 +245,7 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
         for group in opt.param_groups:
             group["lr"] = _lr(cfg, step)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            loss = sft_loss(model, x, region, gen, cfg.eps, answer_len, cfg.block_fraction, cfg.block_sizes)
+            loss = loss_fn(model, x, region, gen, cfg.eps, answer_len, cfg.block_fraction, cfg.block_sizes)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
