@@ -78,6 +78,7 @@ def test_resume_after_interruption_gives_the_same_weights(trained, tmp_path):
 
 def test_compiled_steps_resume_an_eager_run_and_match_it(trained, tmp_path):
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # counters outlive reset(): count this test's graphs only
     out = tmp_path / "run"
     train(micro_config(out), progress=False, stop_after=2)
     train(micro_config(out, compile=True), progress=False)  # --compile may be switched on at resume

@@ -56,7 +56,7 @@ class TrainConfig:
     # NOTE: bf16 autocast made a step ~30x slower on this 2-core CPU (57 s vs 1.9 s); fp32 is the default
     bf16: bool = False
     threads: int = 0  # 0: torch's default
-    # torch.compile the loss (forward + backward): 1.5x faster steps on this 2-core CPU after a ~1 min compile;
+    # torch.compile the loss (forward + backward): 1.4-1.9x faster steps on a 2-core Xeon after a ~1 min compile;
     # the weights differ from an eager run's only by float reordering, so a run may switch on resume
     compile: bool = False
 
