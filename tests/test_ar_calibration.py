@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tracelock.cli import main
-from tracelock.testbed.ar_calibration import ar_loss, calibrate
-from tracelock.testbed.train import Batches, TrainConfig, _build
+from tracelock.testbed.ar_calibration import calibrate
+from tracelock.testbed.train import Batches, TrainConfig, _build, ar_loss
 
 
 def micro_config(out, **kw):

@@ -76,6 +76,29 @@ def test_resume_after_interruption_gives_the_same_weights(trained, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_ar_warmup_switches_objective_and_resumes_across_the_switch(trained, tmp_path):
+    from tracelock.testbed.train import _lr
+
+    # each phase gets its own warm-up and cosine decay: the schedule restarts at the switch
+    cfg = micro_config(tmp_path / "lr", ar_steps=2, warmup=2)
+    assert _lr(cfg, 0) == _lr(cfg, 2) == cfg.lr / 2 and _lr(cfg, 1) == _lr(cfg, 3) == cfg.lr
+    train(micro_config(tmp_path / "a", ar_steps=2, warmup=1), progress=False)
+    out = tmp_path / "b"
+    train(micro_config(out, ar_steps=2, warmup=1), progress=False, stop_after=2)  # saved at the switch
+    with pytest.raises(ValueError, match="another configuration"):
+        train(micro_config(out, ar_steps=1, warmup=1), progress=False)
+    train(micro_config(out, ar_steps=2, warmup=1), progress=False)
+    a, b = load_file(str(tmp_path / "a" / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # the first phase is not LLaDA's objective: the weights differ from a masked-only run with the same schedule
+    c = tmp_path / "c"
+    train(micro_config(c, warmup=1), progress=False)
+    other = load_file(str(c / "model.safetensors"))
+    assert any(not torch.equal(a[k], other[k]) for k in a)
+    with pytest.raises(ValueError, match="--ar-steps smaller than --steps"):
+        train(micro_config(tmp_path / "d", ar_steps=4), progress=False)
+
+
 def test_compiled_steps_resume_an_eager_run_and_match_it(trained, tmp_path):
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()  # counters outlive reset(): count this test's graphs only

@@ -113,6 +113,9 @@ def _add_testbed_train(sub):
     p.add_argument("--compile", action="store_true", default=None,
                    help="torch.compile the loss, forward and backward (1.4-1.9x faster steps on a 2-core CPU "
                         "after about a minute of compiling)")
+    p.add_argument("--ar-steps", type=int, default=None,
+                   help="start with this many autoregressive steps (causal mask, next-token loss), then LLaDA's "
+                        "objective with a fresh optimiser for the rest of --steps (default 0)")
     p.set_defaults(func=_testbed_train)
 
 

@@ -14,24 +14,12 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from tracelock.atomic import atomic_write_json
 from tracelock.testbed.tasks import held_out
-from tracelock.testbed.train import Batches, TrainConfig, _build, _lr, make_optimizer
+from tracelock.testbed.train import Batches, TrainConfig, _build, _lr, ar_loss, make_optimizer
 from tracelock.text import encode_prompt
-
-
-def ar_loss(model, x, answer_region):
-    """Next-token cross-entropy on the answer region (the answer, <|eot_id|> and one eos; the rest of the
-    eos tail is cut, since a causal model never reads past its last token)."""
-    end = answer_region & (x != model.spec.eos_id)
-    keep = int((end.long() * torch.arange(x.shape[1])).max()) + 2
-    x, answer_region = x[:, :keep], answer_region[:, :keep]
-    hidden = model(x, return_logits=False, return_taps=True, causal=True).taps[2]
-    targets = answer_region[:, 1:]
-    return F.cross_entropy(model.lm_head(hidden[:, :-1][targets]).float(), x[:, 1:][targets])
 
 
 def train_ar(cfg: TrainConfig, progress: bool = True):

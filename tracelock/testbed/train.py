@@ -1,5 +1,11 @@
 """`tracelock testbed-train`: train the bundled testbed model with LLaDA's SFT objective.
 
+Optionally the run starts with ``ar_steps`` autoregressive steps (causal mask, next-token loss; see `ar_loss`)
+and then switches to LLaDA's objective with a fresh optimiser and schedule, as Dream starts from an AR model:
+from scratch, the masked objective collapses the embeddings of interchangeable words (the ten objects of the
+math task) before it learns to copy them from the prompt, and never recovers in 20,000 steps; the AR phase
+learns the copying in a few hundred steps and the masked phase keeps it.
+
 Each answer token (the end-of-turn token and the eos padding included) is masked with probability
 t ~ U(eps, 1) per row, and the loss is the cross-entropy on masked positions weighted by 1/t, summed and
 divided by the answer length (LLaDA's SFT loss). Batches are a pure function of (seed, step), so a run
@@ -59,6 +65,7 @@ class TrainConfig:
     # torch.compile the loss (forward + backward): 1.4-1.9x faster steps on a 2-core Xeon after a ~1 min compile;
     # the weights differ from an eager run's only by float reordering, so a run may switch on resume
     compile: bool = False
+    ar_steps: int = 0  # autoregressive warm-up steps at the start of ``steps`` (0: LLaDA's objective throughout)
 
 
 def _weights_config(config: dict) -> dict:
@@ -128,6 +135,17 @@ def block_mask(answer_region, answer_len, t, block_sizes, generator):
     return masked, supervised, in_block
 
 
+def ar_loss(model, x, answer_region):
+    """Next-token cross-entropy on the answer region (the answer, <|eot_id|> and one eos; the rest of the
+    eos tail is cut, since a causal model never reads past its last token)."""
+    end = answer_region & (x != model.spec.eos_id)
+    keep = int((end.long() * torch.arange(x.shape[1])).max()) + 2
+    x, answer_region = x[:, :keep], answer_region[:, :keep]
+    hidden = model(x, return_logits=False, return_taps=True, causal=True).taps[2]
+    targets = answer_region[:, 1:]
+    return F.cross_entropy(model.lm_head(hidden[:, :-1][targets]).float(), x[:, 1:][targets])
+
+
 def sft_loss(model, x, answer_region, generator, eps, answer_len=None, block_fraction=0.0, block_sizes=(16, 32)):
     """LLaDA's SFT loss; with ``block_fraction`` > 0 that share of rows is masked by `block_mask` instead."""
     B, L = x.shape
@@ -164,9 +182,13 @@ def make_optimizer(cfg: TrainConfig, model) -> torch.optim.AdamW:
 
 
 def _lr(cfg: TrainConfig, step: int) -> float:
+    """Linear warm-up then cosine decay to ``min_lr_ratio``; the AR phase and the masked phase each get one."""
+    total = cfg.steps - cfg.ar_steps
+    if cfg.ar_steps:
+        step, total = (step, cfg.ar_steps) if step < cfg.ar_steps else (step - cfg.ar_steps, total)
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    progress = (step - cfg.warmup) / max(1, total - cfg.warmup)
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
@@ -220,6 +242,9 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
     ``stop_after`` ends the process-level run early after that step's state is saved (an interruption).
     """
     out = Path(cfg.out)
+    if not 0 <= cfg.ar_steps < cfg.steps:
+        raise ValueError(f"ar_steps={cfg.ar_steps} must be at least 0 and below steps={cfg.steps}: pass "
+                         "--ar-steps smaller than --steps (the masked objective needs steps of its own)")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     fresh = not (out / "train_state.json").exists()
@@ -240,12 +265,17 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, unit="step")
     t0, window = time.perf_counter(), []
     for step in bar:
+        if step == cfg.ar_steps > 0:
+            opt = make_optimizer(cfg, model)  # the masked phase starts afresh (moments of the AR loss dropped)
         x, region, answer_len = batches(step)
         gen = torch.Generator().manual_seed(cfg.seed * 7_000_003 + step)
         for group in opt.param_groups:
             group["lr"] = _lr(cfg, step)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            loss = loss_fn(model, x, region, gen, cfg.eps, answer_len, cfg.block_fraction, cfg.block_sizes)
+            if step < cfg.ar_steps:
+                loss = ar_loss(model, x, region)
+            else:
+                loss = loss_fn(model, x, region, gen, cfg.eps, answer_len, cfg.block_fraction, cfg.block_sizes)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
