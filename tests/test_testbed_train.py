@@ -248,3 +248,24 @@ def test_sft_loss_with_block_rows_is_finite_and_trains_every_row(trained):
     assert torch.isfinite(loss) and loss > 0
     loss.backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_probe_classes_tokens_and_counts_every_answer_token(trained, tmp_path):
+    from tracelock.testbed.probe import object_embedding_cosine, single_mask_accuracy, token_classes
+
+    pieces = ["Tom", "has", "4", "+", "9", "=", "13", "stamps", ".", "####", "13"]
+    assert token_classes(pieces) == ["name", "other", "operand", "other", "operand", "other", "result", "object",
+                                     "other", "other", "operand"]
+    model, tok = tracelock.load_model(trained), tracelock.load_tokenizer(trained)
+    items = held_out("math", "test", 2)
+    counts = single_mask_accuracy(model, tok, items)
+    assert sum(n for _, n in counts.values()) == sum(len(tok(ex.answer, add_special_tokens=False)["input_ids"])
+                                                     for ex in items)
+    assert all(0 <= k <= n for k, n in counts.values()) and counts["object"][1] > 0
+    cos = object_embedding_cosine(model, tok)
+    assert set(cos) == {"embedding", "lm_head"} and all(-1 <= v <= 1 for v in cos.values())
+    out = tmp_path / "probe.json"
+    proc = subprocess.run([sys.executable, "-m", "tracelock", "testbed-probe", "--model", str(trained), "--n", "2",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["tokens"] == {c: n for c, (_, n) in counts.items()}

@@ -14,6 +14,7 @@ SUBCOMMAND_MODULES = (
     "tracelock.train.self_train",
     "tracelock.rl.train",
     "tracelock.testbed.ar_calibration",
+    "tracelock.testbed.probe",
     "tracelock.eval.report",
     "tracelock.eval.cli",
     "tracelock.eval.paper_tables",

@@ -1,0 +1,95 @@
+"""`tracelock testbed-probe`: what a testbed model can fill in when only one answer token is masked.
+
+Each answer token of held-out math items is masked alone (the prompt and the rest of the answer visible) and
+the model's top-1 prediction is scored per token class: the object word (copied from the prompt: "stickers"),
+the person's name, numbers after "=" (arithmetic), other numbers (copied operands), everything else. With
+full context every class but the phrasing is determined, so a low class accuracy names a missing skill
+rather than a decoding problem. It also reports how alike the ten object words' embeddings are: a masked
+objective that never learns to copy them makes them interchangeable (cosine near 1).
+"""
+
+import json
+from pathlib import Path
+
+import torch
+
+from tracelock.testbed.math_task import NAMES, OBJECTS
+from tracelock.testbed.tasks import held_out
+from tracelock.text import encode_prompt
+
+CLASSES = ("object", "name", "result", "operand", "other")
+
+
+def token_classes(pieces: list[str]) -> list[str]:
+    """The class of each decoded answer token (see the module docstring); ``pieces`` stripped of spaces."""
+    names = {n[0] for n in NAMES}
+    out = []
+    for i, p in enumerate(pieces):
+        if p in OBJECTS:
+            out.append("object")
+        elif p in names:
+            out.append("name")
+        elif p.isdigit():
+            out.append("result" if i > 0 and pieces[i - 1] == "=" else "operand")
+        else:
+            out.append("other")
+    return out
+
+
+@torch.no_grad()
+def single_mask_accuracy(model, tokenizer, items, gen_length: int = 64) -> dict:
+    """{class: (correct, total)} over every answer token of ``items``, each masked alone, in a generation
+    region of ``gen_length`` (the answer, <|eot_id|>, then eos as decoding ends up with)."""
+    spec = model.spec
+    counts = {c: [0, 0] for c in CLASSES}
+    for ex in items:
+        prompt = encode_prompt(tokenizer, ex.prompt)
+        answer = tokenizer(ex.answer, add_special_tokens=False)["input_ids"]
+        tail = [spec.eot_id] + [spec.eos_id] * max(0, gen_length - len(answer) - 1)
+        row = torch.tensor(prompt + answer + tail)
+        rows = row.repeat(len(answer), 1)
+        positions = torch.arange(len(answer)) + len(prompt)
+        rows[torch.arange(len(answer)), positions] = spec.mask_id
+        logits = model.predict(rows, positions[:, None]).logits[:, 0]
+        hits = (logits.argmax(-1) == torch.tensor(answer)).tolist()
+        for cls, hit in zip(token_classes([tokenizer.decode([t]).strip() for t in answer]), hits):
+            counts[cls][0] += hit
+            counts[cls][1] += 1
+    return {c: tuple(v) for c, v in counts.items()}
+
+
+def object_embedding_cosine(model, tokenizer) -> dict:
+    """Mean pairwise cosine of the object words' input embeddings and LM-head rows."""
+    ids = [tokenizer(" " + w, add_special_tokens=False)["input_ids"][0] for w in OBJECTS]
+    off = ~torch.eye(len(ids), dtype=torch.bool)
+    out = {}
+    for name, weight in (("embedding", model.embed.weight), ("lm_head", model.lm_head.weight)):
+        v = torch.nn.functional.normalize(weight[ids].float(), dim=-1)
+        out[name] = round((v @ v.T)[off].mean().item(), 3)
+    return out
+
+
+def _run(args):
+    import tracelock
+
+    model, tok = tracelock.load_model(args.model), tracelock.load_tokenizer(args.model)
+    counts = single_mask_accuracy(model, tok, held_out("math", args.split, args.n))
+    result = {"model": str(args.model), "items": args.n, "split": args.split,
+              "single_mask_accuracy": {c: round(k / n, 3) if n else None for c, (k, n) in counts.items()},
+              "tokens": {c: n for c, (_, n) in counts.items()},
+              "object_embedding_cosine": object_embedding_cosine(model, tok)}
+    print(json.dumps(result, indent=1))
+    if args.out:
+        from tracelock.atomic import atomic_write_json
+
+        atomic_write_json(Path(args.out), result)
+
+
+def add_parsers(sub):
+    p = sub.add_parser("testbed-probe", help="per-token-class accuracy of a testbed model with one answer token "
+                                             "masked (which skills it lacks)")
+    p.add_argument("--model", default="testbed", help="checkpoint folder (default: the bundled testbed model)")
+    p.add_argument("--n", type=int, default=60, help="held-out math items")
+    p.add_argument("--split", choices=["validation", "test"], default="test")
+    p.add_argument("--out", help="also write the JSON here")
+    p.set_defaults(func=_run)
