@@ -59,7 +59,7 @@ class TrainConfig:
     block_sizes: tuple = (16, 32)
     tasks: tuple = ("math", "code")
     save_every: int = 100
-    # NOTE: bf16 autocast made a step ~30x slower on this 2-core CPU (57 s vs 1.9 s); fp32 is the default
+    # bf16 autocast made a step ~30x slower on the 2-core AMD EPYC used earlier (57 s vs 1.9 s); fp32 is the default
     bf16: bool = False
     threads: int = 0  # 0: torch's default
     # torch.compile the loss (forward + backward): 1.4-1.9x faster steps on a 2-core Xeon after a ~1 min compile;
