@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from tracelock.atomic import atomic_write_json
 from tracelock.testbed.math_task import NAMES, OBJECTS
 from tracelock.testbed.tasks import held_out
 from tracelock.text import encode_prompt
@@ -80,8 +81,6 @@ def _run(args):
               "object_embedding_cosine": object_embedding_cosine(model, tok)}
     print(json.dumps(result, indent=1))
     if args.out:
-        from tracelock.atomic import atomic_write_json
-
         atomic_write_json(Path(args.out), result)
 
 

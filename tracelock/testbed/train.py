@@ -183,9 +183,10 @@ def make_optimizer(cfg: TrainConfig, model) -> torch.optim.AdamW:
 
 def _lr(cfg: TrainConfig, step: int) -> float:
     """Linear warm-up then cosine decay to ``min_lr_ratio``; the AR phase and the masked phase each get one."""
-    total = cfg.steps - cfg.ar_steps
-    if cfg.ar_steps:
-        step, total = (step, cfg.ar_steps) if step < cfg.ar_steps else (step - cfg.ar_steps, total)
+    if step < cfg.ar_steps:
+        total = cfg.ar_steps
+    else:
+        step, total = step - cfg.ar_steps, cfg.steps - cfg.ar_steps
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     progress = (step - cfg.warmup) / max(1, total - cfg.warmup)
