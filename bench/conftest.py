@@ -26,6 +26,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 QUICK_CONTROLLER = dict(traces=8, steps=20, batch_size=16)  # bump the cache key below when this changes
 QUICK_VERSION = 1
+QUICK_L2P = dict(traces=8, epochs=2000)  # bump the cache key below when this changes
+QUICK_L2P_VERSION = 1
 
 
 def pytest_addoption(parser):
@@ -47,6 +49,8 @@ def pytest_addoption(parser):
     group.addoption("--width", type=int, default=None,
                     help="block (baselines) and window (TraceLock) width (default: 16 on the testbed, 32 otherwise)")
     group.addoption("--controller", default=None, help="a `tracelock train` run folder for the TraceLock rows")
+    group.addoption("--l2p", default=None,
+                    help="a `tracelock train-l2p` filters folder for the Learn2PD rows (one filter of the --width)")
     group.addoption("--device", default=None, help="cpu or cuda (default: cuda when available)")
 
 
@@ -209,10 +213,56 @@ def controller(request, target, quick_run) -> tuple:
     return TraceLockPolicy(Controller(config).eval(), encoder=encoder), "untrained controller (timing only)"
 
 
-POLICIES = ["confidence", "fastdllm-0.9", "tracelock"]
+def _quick_l2p(folder: Path, model, block: int) -> Path:
+    """collect (confidence 1/step in blocks of ``block``) -> train-l2p at the sizes of QUICK_L2P; returns the filters
+    folder."""
+    from tracelock.features import backbone_fingerprint
+    from tracelock.l2p.data import block_examples
+    from tracelock.l2p.train import fit_filter
+    from tracelock.traces.collect import collect
+    from tracelock.traces.filters import FilterConfig
+    from tracelock.traces.store import iter_traces
+
+    q = QUICK_L2P
+    collect("testbed", "testbed:math", folder / "traces", num=q["traces"], gen_length=64, block=block,
+            batch_size=q["traces"], filters=FilterConfig(enabled=False))
+    inputs, labels, groups = block_examples(model, iter_traces(folder / "traces"), block)
+    filt = fit_filter(inputs, labels, groups, family=model.spec.family, eos_id=model.spec.eos_id,
+                      backbone=backbone_fingerprint(model), epochs=q["epochs"])
+    filt.save(folder / "filters")
+    return folder / "filters"
 
 
-def decode_kwargs(target: Target, policy: str, controller) -> dict:
+@pytest.fixture(scope="session")
+def l2p(request, target) -> tuple:
+    """(L2PPolicy, label) for the Learn2PD rows."""
+    from tracelock.features import backbone_fingerprint
+    from tracelock.l2p.filter import FilterConfig, L2PFilter
+    from tracelock.policies import L2PPolicy
+
+    if request.config.getoption("--l2p"):
+        path = request.config.getoption("--l2p")
+        return L2PPolicy(path, model=target.model), f"filters {Path(path).name}"
+    if target.name == "testbed":
+        key = f"tracelock-bench-l2p-v{QUICK_L2P_VERSION}-b{target.block}-{_weights_digest(target.model)}"
+        folder = Path(request.config.cache.mkdir(key))
+        if not (folder / "filters").is_dir():
+            shutil.rmtree(folder / "traces", ignore_errors=True)
+            _quick_l2p(folder, target.model, target.block)
+        q = QUICK_L2P
+        return (L2PPolicy(folder / "filters", model=target.model),
+                f"quick filter ({q['traces']} traces, {q['epochs']} epochs)")
+    spec = target.model.spec
+    torch.manual_seed(0)
+    filt = L2PFilter(FilterConfig(block=target.block, hidden=target.block, family=spec.family, eos_id=spec.eos_id,
+                                  backbone=backbone_fingerprint(target.model))).eval()
+    return L2PPolicy(filt, model=target.model), "untrained filter (timing only)"
+
+
+POLICIES = ["confidence", "fastdllm-0.9", "l2p", "tracelock"]
+
+
+def decode_kwargs(target: Target, policy: str, controller, l2p) -> dict:
     """fused_generate's arguments for a policy row at the target's setting: baselines in semi-AR blocks, TraceLock in
     a sliding window of the same width (the paper's protocol, as `tracelock eval`)."""
     common = dict(gen_length=target.gen_length)
@@ -220,6 +270,8 @@ def decode_kwargs(target: Target, policy: str, controller) -> dict:
         return dict(common, policy="confidence", block=target.block)
     if policy == "fastdllm-0.9":
         return dict(common, policy="threshold", policy_args={"tau": 0.9}, block=target.block)
+    if policy == "l2p":
+        return dict(common, policy=l2p[0], block=target.block)
     if policy == "tracelock":
         return dict(common, policy=controller[0], window=target.block)
     raise ValueError(f"unknown bench policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -232,9 +284,9 @@ def pytest_generate_tests(metafunc):
 
 
 @pytest.fixture(scope="session")
-def policy_kwargs(target, controller):
-    """``policy_kwargs(policy)``: `decode_kwargs` on this run's target and controller."""
-    return lambda policy: decode_kwargs(target, policy, controller)
+def policy_kwargs(target, controller, l2p):
+    """``policy_kwargs(policy)``: `decode_kwargs` on this run's target, controller and Learn2PD filters."""
+    return lambda policy: decode_kwargs(target, policy, controller, l2p)
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,7 @@
 """End-to-end decoding per policy on one backbone, prompts and setting: `fused_generate` vs `reference_generate`.
 
 Each group is one policy with both loops; across groups the fused rows compare the policies (seconds per sample,
-steps, tokens/s and the task metric of the same prompts, recorded in extra_info). Learn2PD joins when its policy
-lands (issue "Learn2PD baseline").
+steps, tokens/s and the task metric of the same prompts, recorded in extra_info).
 """
 
 import os
@@ -15,7 +14,7 @@ RUNNERS = {"reference": tracelock.reference_generate, "fused": tracelock.fused_g
 
 
 @pytest.mark.parametrize("runner", list(RUNNERS))
-def test_decode(benchmark, target, controller, machine, decoded, policy_kwargs, check_same, runner, policy):
+def test_decode(benchmark, target, controller, l2p, machine, decoded, policy_kwargs, check_same, runner, policy):
     # check before timing: the loop being timed gives the reference's tokens and steps
     agreement = check_same(decoded("reference", policy), decoded("fused", policy))
     tokens, stats = decoded(runner, policy)
@@ -27,7 +26,7 @@ def test_decode(benchmark, target, controller, machine, decoded, policy_kwargs, 
         schedule="window" if policy == "tracelock" else "block", forwards=stats.forwards,
         mean_steps=sum(stats.steps) / n, gen_tokens=sum(stats.gen_lengths), metric=target.metric(tokens),
         agreement=agreement, impl=os.environ.get("TRACELOCK_IMPL", "auto"),
-        controller=controller[1] if policy == "tracelock" else None)
+        controller=controller[1] if policy == "tracelock" else None, filters=l2p[1] if policy == "l2p" else None)
     if benchmark.disabled:
         return  # smoke run: the checked run above was this very call (`decoded`); --benchmark times it
     kwargs = policy_kwargs(policy)
