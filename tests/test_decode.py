@@ -75,6 +75,38 @@ def test_window_commits_only_inside_the_window(peaked):
     assert stats.steps[0] == -(-G // 3)
 
 
+def test_threshold_dream_first_token_commits_each_block_start_from_the_refresh(model):
+    """Fast-dLLM's Dream variant: a block's first step commits exactly its first position, then tau rules."""
+    from tracelock.policies import ThresholdPolicy
+
+    class Spy(ThresholdPolicy):
+        firsts = []
+
+        def select(self, inp, generator=None):
+            mask = super().select(inp, generator)
+            for row in (inp.region_step == 0).nonzero().flatten().tolist():
+                start = inp.positions[row][inp.active[row]].min()
+                self.firsts.append(inp.positions[row][mask[row]].tolist() == [start.item()])
+            return mask
+
+    prompts = random_prompts(model)
+    spy = Spy(tau=1e-9, first_token=True)
+    _, stats = tracelock.reference_generate(model, prompts, policy=spy, gen_length=G, block=4)
+    # tau ~ 0: the refresh commits the block start, the next step the other three
+    assert stats.commits_per_step == [[1, 3] * (G // 4)] * len(prompts)
+    assert len(Spy.firsts) == len(prompts) * G // 4 and all(Spy.firsts)
+    _, plain = tracelock.reference_generate(model, prompts, policy="threshold", policy_args={"tau": 1e-9},
+                                            gen_length=G, block=4)
+    assert plain.commits_per_step == [[4] * (G // 4)] * len(prompts)
+    args = {"tau": 0.5, "first_token": True}
+    ref, ref_stats = tracelock.reference_generate(model, prompts, policy="threshold", policy_args=args, gen_length=G,
+                                                  block=4)
+    for impl in ("torch", None):
+        got, got_stats = tracelock.fused_generate(model, prompts, policy="threshold", policy_args=args, gen_length=G,
+                                                  block=4, impl=impl)
+        assert torch.equal(ref, got) and ref_stats.commits_per_step == got_stats.commits_per_step
+
+
 @pytest.mark.parametrize("name,args", DETERMINISTIC, ids=[n for n, _ in DETERMINISTIC])
 def test_batch_equals_single(model, name, args):
     prompts = random_prompts(model)

@@ -130,6 +130,18 @@ def test_fastdllm_threshold_golden():
     assert _picked(make_policy("threshold", tau=1.0).select(_inp([0.2, 1.0, 1.0]))) == [1, 2]
 
 
+def test_fastdllm_threshold_dream_first_token_golden():
+    policy = make_policy("threshold", tau=0.9, first_token=True)
+    policy.setup(gen_length=32, num_regions=1)
+    # CONF10, tau 0.9: the region's first step commits slot 0 (conf 0.30) alone; then 0.95 and 0.90 together,
+    # then one per step by confidence (0.80, 0.65, 0.55, 0.40, 0.20, 0.10, 0.05)
+    assert _run_region(policy, CONF10) == [[0], [1, 6], [3], [8], [4], [7], [5], [2], [9]]
+    # the first *masked* slot when slot 0 is already committed; rows follow their own region step
+    mask = policy.select(_inp([CONF10, CONF10], [[0] + [1] * 9, [1] * 10], step=[0, 3]))
+    assert _picked(mask, 0) == [1]
+    assert _picked(mask, 1) == [1, 6]
+
+
 @pytest.mark.parametrize(
     "sorted_conf, f, valid, quirk",
     [
@@ -248,7 +260,8 @@ def test_policy_registry():
         ("topk", {"k": 0}, ValueError, "k=0"),
         ("factor", {"f": -1.0}, ValueError, "f=-1.0"),
         ("entropy", {"eps": 1.0}, ValueError, "eps=1.0"),
-        ("threshold", {"steps": 8}, TypeError, "takes no argument steps; its arguments are: tau"),
+        ("threshold", {"steps": 8}, TypeError, "takes no argument steps; its arguments are: tau, first_token"),
+        ("threshold", {"first_token": 1}, TypeError, "first_token=1 must be a bool"),
     ],
 )
 def test_make_policy_errors(spec, kwargs, exc, match):

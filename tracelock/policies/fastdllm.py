@@ -20,22 +20,34 @@ class ThresholdPolicy(Policy):
 
     Args:
         tau (float): threshold in (0, 1]. Default: 0.9 (Fast-dLLM paper default).
+        first_token (bool): Fast-dLLM's Dream variant (``dream/model/generation_utils_block.py``, alg
+            ``confidence_threshold``): a region's first step, which upstream runs as the cache refresh, commits
+            only the region's first masked position, whatever its confidence; the threshold rule runs from the
+            second step. Use it with Dream backbones in semi-AR blocks. Default: False (the LLaDA rule).
     """
 
     name = "threshold"
     deterministic = True
 
-    def __init__(self, tau: float = 0.9) -> None:
+    def __init__(self, tau: float = 0.9, first_token: bool = False) -> None:
         super().__init__()
         if not isinstance(tau, int | float) or not 0 < tau <= 1:
             raise ValueError(f"tau={tau!r} must lie in (0, 1]; Fast-dLLM's default is 0.9")
+        if not isinstance(first_token, bool):
+            raise TypeError(f"first_token={first_token!r} must be a bool (True: Fast-dLLM's Dream variant)")
         self.tau = float(tau)
+        self.first_token = first_token
 
     def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
         conf = inp.signals.confidence
         top1 = topk_mask(conf, inp.active, torch.ones_like(inp.region_step))
         # upstream drops slot k >= 1 only when conf < threshold, so the boundary commits
-        return top1 | (inp.active & (conf >= self.tau))
+        chosen = top1 | (inp.active & (conf >= self.tau))
+        if not self.first_token:
+            return chosen
+        # slots run left to right, so the first active slot is the region's first masked position
+        leftmost = inp.active & (inp.active.cumsum(dim=-1) == 1)
+        return torch.where((inp.region_step == 0).unsqueeze(-1), leftmost, chosen)
 
 
 class FactorPolicy(Policy):
