@@ -99,6 +99,24 @@ def test_ar_warmup_switches_objective_and_resumes_across_the_switch(trained, tmp
         train(micro_config(tmp_path / "d", ar_steps=4), progress=False)
 
 
+def test_probes_record_validation_accuracy_and_leave_the_weights_alone(trained, tmp_path):
+    from tracelock.models.backbone import DiffusionBackbone
+    from tracelock.models.spec import ModelSpec
+    from tracelock.testbed.train import probe
+
+    out = tmp_path / "run"
+    train(micro_config(out, probe_every=2, probe_items=3), progress=False)
+    a, b = load_file(str(trained / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    log = json.loads((out / "train_state.json").read_text())
+    assert sorted(log["probes"]) == ["2", "4"] and all(sorted(p) == ["code", "math"] for p in log["probes"].values())
+    # the recorded numbers are the probe of the saved (final, fp32) state
+    model = DiffusionBackbone(ModelSpec.from_pretrained(out))
+    state = load_file(str(out / "train_state.safetensors"))
+    model.load_state_dict({k[len("model/"):]: v for k, v in state.items() if k.startswith("model/")})
+    assert probe(model, tracelock.load_tokenizer(out), ("math", "code"), 3) == log["probes"]["4"]
+
+
 def test_compiled_steps_resume_an_eager_run_and_match_it(trained, tmp_path):
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()  # counters outlive reset(): count this test's graphs only

@@ -105,7 +105,7 @@ def _add_testbed_train(sub):
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last saved step")
     defaults = TrainConfig(out="")
     for name in ("seed", "steps", "batch_size", "d_model", "n_layers", "n_heads", "mlp", "save_every", "threads",
-                 "vocab_size", "tokenizer_corpus", "warmup"):
+                 "vocab_size", "tokenizer_corpus", "warmup", "probe_every", "probe_items"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None,
                        help=f"default {getattr(defaults, name)}")
     for name in ("lr", "long_fraction", "block_fraction"):

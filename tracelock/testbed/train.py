@@ -66,6 +66,10 @@ class TrainConfig:
     # the weights differ from an eager run's only by float reordering, so a run may switch on resume
     compile: bool = False
     ar_steps: int = 0  # autoregressive warm-up steps at the start of ``steps`` (0: LLaDA's objective throughout)
+    # every probe_every steps (0: never), decode the first probe_items validation items per task (confidence 1/step,
+    # gen 64, blocks of 16) and record the accuracies in the run's log; greedy, so the weights are unchanged
+    probe_every: int = 0
+    probe_items: int = 100
 
 
 def _weights_config(config: dict) -> dict:
@@ -76,7 +80,8 @@ def _weights_config(config: dict) -> dict:
     """
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
     full = json.loads(json.dumps({**defaults, **config}))
-    return {k: v for k, v in full.items() if k not in ("out", "save_every", "threads", "compile")}
+    return {k: v for k, v in full.items()
+            if k not in ("out", "save_every", "threads", "compile", "probe_every", "probe_items")}
 
 
 class Batches:
@@ -193,6 +198,23 @@ def _lr(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+@torch.no_grad()
+def probe(model, tokenizer, tasks, n: int) -> dict:
+    """Accuracy per task of confidence 1/step at gen 64, blocks of 16, on the first ``n`` validation items (the
+    test split stays for the reported tables)."""
+    from tracelock.testbed.evaluate import evaluate_policy
+    from tracelock.testbed.tasks import held_out
+
+    was_training = model.training
+    model.eval()
+    try:
+        return {task: evaluate_policy(model, tokenizer, held_out(task, "validation", n), "confidence 1/step",
+                                      "confidence", gen_length=64, block=16, batch_size=min(n, 100)).accuracy
+                for task in tasks}
+    finally:
+        model.train(was_training)
+
+
 def _save_state(out: Path, model, opt, step: int, log: dict) -> None:
     tensors = {f"model/{n}": p.detach().contiguous() for n, p in model.named_parameters()}
     for n, p in model.named_parameters():
@@ -286,6 +308,11 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
             log["loss"].append([step + 1, sum(window) / len(window)])
             bar.set_postfix(loss=f"{log['loss'][-1][1]:.3f}")
             window = []
+        if cfg.probe_every and (step + 1) % cfg.probe_every == 0:
+            log["seconds"] += time.perf_counter() - t0  # probes are not training time
+            log.setdefault("probes", {})[str(step + 1)] = probe(model, tok, cfg.tasks, cfg.probe_items)
+            bar.write(f"step {step + 1}: " + ", ".join(f"{k} {v:.0%}" for k, v in log["probes"][str(step + 1)].items()))
+            t0 = time.perf_counter()
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             log["seconds"] += time.perf_counter() - t0
             t0 = time.perf_counter()
