@@ -309,14 +309,19 @@ def decoded(target, policy_kwargs):
 @pytest.fixture(scope="session")
 def check_same(target):
     """``check_same(ref, got)``: the fraction of equal canvas tokens of two (tokens, stats) runs on the target; fp32
-    runs must agree exactly (tokens and steps). In bf16 the fused scoring (fp32 accumulation in one pass) may break a
-    near-tie differently and the runs diverge from there."""
+    runs through the torch / C++ ops must agree exactly (tokens and steps). In bf16, or with the Triton kernels (on a
+    GPU, or under TRITON_INTERPRET=1 as in CI), the fused scoring reduces in another order and may break a near-tie
+    differently (Learn2PD's end-of-text cut, seen in CI), so the runs must agree on >= 90% of the tokens."""
     import torch
+
+    from tracelock.ops import _triton_state, requested_impl
+
+    triton = requested_impl(None) in (None, "triton") and _triton_state(target.model.device) is None
 
     def check(ref, got) -> float:
         (ref_tokens, ref_stats), (tokens, stats) = ref, got
         agreement = (ref_tokens == tokens).float().mean().item()
-        if target.float32:
+        if target.float32 and not triton:
             assert torch.equal(ref_tokens, tokens) and stats.steps == ref_stats.steps, "fused != reference in fp32"
         else:
             assert agreement >= 0.9, f"fused and reference tokens agree on only {agreement:.1%}"
