@@ -31,7 +31,7 @@ from tracelock.models.backbone import DiffusionBackbone
 from tracelock.models.loading import load_tokenizer
 from tracelock.models.spec import ModelSpec
 from tracelock.testbed.model_files import export_weights, train_tokenizer, write_folder_files
-from tracelock.testbed.tasks import sample
+from tracelock.testbed.tasks import held_out, sample
 from tracelock.text import encode_prompt
 
 
@@ -203,7 +203,6 @@ def probe(model, tokenizer, tasks, n: int) -> dict:
     """Accuracy per task of confidence 1/step at gen 64, blocks of 16, on the first ``n`` validation items (the
     test split stays for the reported tables)."""
     from tracelock.testbed.evaluate import evaluate_policy
-    from tracelock.testbed.tasks import held_out
 
     was_training = model.training
     model.eval()
@@ -310,8 +309,9 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
             window = []
         if cfg.probe_every and (step + 1) % cfg.probe_every == 0:
             log["seconds"] += time.perf_counter() - t0  # probes are not training time
-            log.setdefault("probes", {})[str(step + 1)] = probe(model, tok, cfg.tasks, cfg.probe_items)
-            bar.write(f"step {step + 1}: " + ", ".join(f"{k} {v:.0%}" for k, v in log["probes"][str(step + 1)].items()))
+            accuracy = probe(model, tok, cfg.tasks, cfg.probe_items)
+            log.setdefault("probes", {})[str(step + 1)] = accuracy
+            bar.write(f"step {step + 1}: " + ", ".join(f"{task} {acc:.0%}" for task, acc in accuracy.items()))
             t0 = time.perf_counter()
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             log["seconds"] += time.perf_counter() - t0
