@@ -13,6 +13,7 @@ resumes exactly: the state (fp32 weights, AdamW moments, step, losses) is saved 
 safetensors + JSON every ``save_every`` steps; nothing is pickled.
 """
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -258,6 +259,23 @@ def _build(cfg: TrainConfig, out: Path):
     return model, load_tokenizer(out)
 
 
+@contextlib.contextmanager
+def _deterministic_algorithms():
+    """Deterministic kernels while training, the previous mode after.
+
+    Inductor's CPU code adds the embedding gradient (an index_put with accumulate over repeated token ids) with
+    atomic adds from several threads, so a compiled step's rounding differed run to run and two runs from one seed
+    drifted apart (11 points of math accuracy at the end). In this mode it calls the serial ATen kernel instead.
+    """
+    previous = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous, warn_only=warn_only)
+
+
 def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_after: int | None = None) -> Path:
     """Run (or resume) training; returns the run folder, which holds the final weights when it completes.
 
@@ -285,39 +303,41 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
     # dynamic: one graph for every sequence length (prompts and generation regions vary per batch)
     loss_fn = torch.compile(sft_loss, dynamic=True) if cfg.compile else sft_loss
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, unit="step")
-    t0, window = time.perf_counter(), []
-    for step in bar:
-        if step == cfg.ar_steps > 0:
-            opt = make_optimizer(cfg, model)  # the masked phase starts afresh (moments of the AR loss dropped)
-        x, region, answer_len = batches(step)
-        gen = torch.Generator().manual_seed(cfg.seed * 7_000_003 + step)
-        for group in opt.param_groups:
-            group["lr"] = _lr(cfg, step)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            if step < cfg.ar_steps:
-                loss = ar_loss(model, x, region)
-            else:
-                loss = loss_fn(model, x, region, gen, cfg.eps, answer_len, cfg.block_fraction, cfg.block_sizes)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        window.append(loss.item())
-        if (step + 1) % 10 == 0:
-            log["loss"].append([step + 1, sum(window) / len(window)])
-            bar.set_postfix(loss=f"{log['loss'][-1][1]:.3f}")
-            window = []
-        if cfg.probe_every and (step + 1) % cfg.probe_every == 0:
-            log["seconds"] += time.perf_counter() - t0  # probes are not training time
-            accuracy = probe(model, tok, cfg.tasks, cfg.probe_items)
-            log.setdefault("probes", {})[str(step + 1)] = accuracy
-            bar.write(f"step {step + 1}: " + ", ".join(f"{task} {acc:.0%}" for task, acc in accuracy.items()))
-            t0 = time.perf_counter()
-        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            log["seconds"] += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            _save_state(out, model, opt, step + 1, log)
-        if stop_after is not None and step + 1 >= stop_after:
-            return out
+    with _deterministic_algorithms():
+        t0, window = time.perf_counter(), []
+        for step in bar:
+            if step == cfg.ar_steps > 0:
+                opt = make_optimizer(cfg, model)  # the masked phase starts afresh (moments of the AR loss dropped)
+            x, region, answer_len = batches(step)
+            gen = torch.Generator().manual_seed(cfg.seed * 7_000_003 + step)
+            for group in opt.param_groups:
+                group["lr"] = _lr(cfg, step)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                if step < cfg.ar_steps:
+                    loss = ar_loss(model, x, region)
+                else:
+                    loss = loss_fn(model, x, region, gen, cfg.eps, answer_len, cfg.block_fraction, cfg.block_sizes)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            window.append(loss.item())
+            if (step + 1) % 10 == 0:
+                log["loss"].append([step + 1, sum(window) / len(window)])
+                bar.set_postfix(loss=f"{log['loss'][-1][1]:.3f}")
+                window = []
+            if cfg.probe_every and (step + 1) % cfg.probe_every == 0:
+                log["seconds"] += time.perf_counter() - t0  # probes are not training time
+                accuracy = probe(model, tok, cfg.tasks, cfg.probe_items)
+                log.setdefault("probes", {})[str(step + 1)] = accuracy
+                bar.write(f"step {step + 1}: " + ", ".join(f"{task} {acc:.0%}" for task, acc in accuracy.items()))
+                t0 = time.perf_counter()
+            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+                log["seconds"] += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                _save_state(out, model, opt, step + 1, log)
+            if stop_after is not None and step + 1 >= stop_after:
+                return out
     export_weights(out, model)
     return out
+
