@@ -1,5 +1,6 @@
 """The testbed pipeline on a micro model: training a few steps, exact resume, evaluation, demo."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -302,3 +303,32 @@ def test_probe_classes_tokens_and_counts_every_answer_token(trained, tmp_path):
                            "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["tokens"] == {c: n for c, (_, n) in counts.items()}
+
+
+def test_ship_copies_a_finished_run_with_its_provenance(tmp_path):
+    from tracelock.testbed.ship import MODEL_FILES, sha256
+
+    run = tmp_path / "run"
+    cfg = dataclasses.replace(micro_config(run, ar_steps=12, probe_every=30, probe_items=2), steps=30, save_every=10)
+    train(cfg, progress=False, stop_after=20)
+    cmd = [sys.executable, "-m", "tracelock", "testbed-ship", str(run), "--dest", str(tmp_path / "model"),
+           "--command", "tracelock testbed-train ...", "--machine", "this CPU"]
+    unfinished = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert unfinished.returncode == 2 and "stopped at step 20 of 30" in unfinished.stderr
+    assert "--resume" in unfinished.stderr and not (tmp_path / "model").exists()
+    train(cfg, progress=False)
+    shipped = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert shipped.returncode == 0, shipped.stderr
+    dest = tmp_path / "model"
+    assert all((dest / name).read_bytes() == (run / name).read_bytes() for name in MODEL_FILES)
+    info = json.loads((dest / "testbed.json").read_text())
+    assert info["model_safetensors_sha256"] == sha256(run / "model.safetensors")
+    assert info["command"] == "tracelock testbed-train ..." and info["machine"] == "this CPU"
+    assert info["steps"] == 30 and info["config"]["ar_steps"] == 12 and info["train_seconds"] > 0
+    # each phase's curve holds only its own steps: the AR loss (10-step means up to step 12) and the masked loss
+    log = json.loads((run / "train_state.json").read_text())
+    assert info["loss_curve_ar"] == [p for p in log["loss"] if p[0] <= 12] == [[10, log["loss"][0][1]]]
+    assert info["loss_curve_masked"] == [p for p in log["loss"] if p[0] > 12]
+    assert info["final_loss_10_step_mean"] == log["loss"][-1][1]
+    assert set(info["probes"]) == {"how", "30"}
+    assert tracelock.load_model(dest).spec.num_layers == 4

@@ -15,6 +15,7 @@ SUBCOMMAND_MODULES = (
     "tracelock.rl.train",
     "tracelock.testbed.ar_calibration",
     "tracelock.testbed.probe",
+    "tracelock.testbed.ship",
     "tracelock.eval.report",
     "tracelock.eval.cli",
     "tracelock.eval.paper_tables",

@@ -1,0 +1,92 @@
+"""`tracelock testbed-ship RUN`: a finished `testbed-train` run becomes the bundled model, with its provenance.
+
+The model folder's files are copied as they are; ``testbed.json`` records what made them: the command, the
+configuration, the training time and machine, the loss curve of each phase (the AR warm-up and the masked
+objective measure different losses, so they are kept apart), the in-run probes, and the weights' SHA-256, which a
+reproduction run can be compared against.
+"""
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from tracelock.atomic import atomic_write, atomic_write_json
+
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "special_tokens_map.json",
+               "tokenizer.json", "tokenizer_config.json")
+CURVE_EVERY = 100  # steps between the loss points kept in testbed.json
+
+
+def sha256(path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _curve(points: list, first: int, last: int) -> list:
+    """[step, 10-step mean loss] for steps in (first, last]: the first point, every CURVE_EVERY-th, and the last."""
+    kept = [p for p in points if first < p[0] <= last]
+    return [p for i, p in enumerate(kept) if i == 0 or p[0] % CURVE_EVERY == 0 or i == len(kept) - 1]
+
+
+def provenance(run, *, command: str, machine: str) -> dict:
+    """testbed.json's content for a finished run folder; a run that has not finished is an error."""
+    run = Path(run)
+    state = run / "train_state.json"
+    if not state.exists():
+        raise FileNotFoundError(f"{run} holds no train_state.json: pass the --out folder of a "
+                                "`tracelock testbed-train` run")
+    log = json.loads(state.read_text())
+    cfg = log["config"]
+    missing = [name for name in MODEL_FILES if not (run / name).exists()]
+    if log["step"] != cfg["steps"] or missing:
+        raise ValueError(f"{run} stopped at step {log['step']} of {cfg['steps']} "
+                         f"(missing: {', '.join(missing) or '-'}); "
+                         "finish it with the same `testbed-train` command plus --resume")
+    ar = cfg.get("ar_steps", 0)
+    phases = (f"steps 0-{ar - 1}: autoregressive (causal mask, next-token loss on the answer); " if ar else "") + \
+        f"steps {ar}-{cfg['steps'] - 1}: LLaDA SFT (masked, 1/t weighted)" + \
+        (", fresh AdamW and schedule" if ar else "")
+    return {
+        "command": command,
+        "config": cfg,
+        "steps": log["step"],
+        "train_seconds": round(log["seconds"], 1),
+        "machine": machine,
+        "objective": phases,
+        "final_loss_10_step_mean": log["loss"][-1][1],
+        "loss_curve_ar": _curve(log["loss"], 0, ar),
+        "loss_curve_masked": _curve(log["loss"], ar, cfg["steps"]),
+        "probes": {"how": "confidence 1/step, gen 64, block 16, first probe_items validation items per task, "
+                          "recorded during training (--probe-every)", **log.get("probes", {})},
+        "model_safetensors_sha256": sha256(run / "model.safetensors"),
+    }
+
+
+def ship(run, dest, *, command: str, machine: str) -> dict:
+    """Copy the run's model files into ``dest`` (atomically, file by file) and write ``dest/testbed.json``."""
+    info = provenance(run, command=command, machine=machine)
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in MODEL_FILES:
+        atomic_write(dest / name, lambda tmp, name=name: shutil.copyfile(Path(run) / name, tmp))
+    atomic_write_json(dest / "testbed.json", info)
+    return info
+
+
+def _run(args):
+    info = ship(args.run, args.dest, command=args.command, machine=args.machine)
+    print(f"shipped {args.run} -> {args.dest} (model.safetensors sha256 {info['model_safetensors_sha256'][:16]}...)")
+
+
+def add_parsers(sub):
+    p = sub.add_parser("testbed-ship", help="copy a finished testbed-train run into a model folder with testbed.json")
+    p.add_argument("run", help="the --out folder of a finished `tracelock testbed-train` run")
+    p.add_argument("--dest", default=str(Path(__file__).parent / "model"),
+                   help="model folder to write (default: the package's bundled model)")
+    p.add_argument("--command", required=True, help="the testbed-train command that made the run, for the record")
+    p.add_argument("--machine", required=True, help="where it ran (CPU, threads, torch), for the record")
+    p.set_defaults(func=_run)
