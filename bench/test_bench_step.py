@@ -24,7 +24,7 @@ def _bare_forwards(model, prompts, gen_length, width, n):
 
 
 @pytest.mark.parametrize("row", ["bare-forward", "tracelock"])
-def test_step(benchmark, target, controller, machine, decoded, policy_kwargs, row):
+def test_step(request, benchmark, target, controller, machine, decoded, policy_kwargs, row):
     kwargs = policy_kwargs("tracelock")
     # check before timing: the fused TraceLock decode equals the reference loop's (fp32) and fixes n
     ref_tokens, ref_stats = decoded("reference", "tracelock")
@@ -44,4 +44,4 @@ def test_step(benchmark, target, controller, machine, decoded, policy_kwargs, ro
     B = target.batch
     benchmark.group = f"step-{target.name}-B{B}-gen{target.gen_length}-window{target.block}-forwards{n}"
     benchmark.extra_info.update(machine, row=row, forwards=n, items=B, controller=controller[1])
-    benchmark.pedantic(body, rounds=5, warmup_rounds=1)
+    benchmark.pedantic(body, rounds=request.config.getoption("--bench-rounds"), warmup_rounds=1)

@@ -13,6 +13,8 @@ from tracelock.kernels.ref import apply_commits_ref
 from tracelock.states import ACTIVE, EOT, LOCKED, PROMPT
 
 requires_cpp = pytest.mark.skipif(not _ext.has_cpp(), reason=f"tracelock._C is not built: {_ext.ext_error()}")
+requires_cuda_ext = pytest.mark.skipif(not (torch.cuda.is_available() and _ext.has_cuda_ext()),
+                                       reason="needs a CUDA device and tracelock._C built with CUDA")
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 FILL = 999
 
@@ -33,14 +35,17 @@ def make_case(B, L, E, seed):
     return x, state, proposal, commit, end_ids
 
 
-def run_both(x, state, proposal, commit, end_ids, stop_at_eot):
+def run_both(x, state, proposal, commit, end_ids, stop_at_eot, device="cpu"):
+    """The op on ``device`` (the C++ kernel on CPU, the CUDA kernel on cuda) against the torch spec on CPU."""
     ref_x, ref_state = x.clone(), state.clone()
     ref_first = apply_commits_ref(ref_x, ref_state, proposal, commit, end_ids, FILL, stop_at_eot)
-    cpp_x, cpp_state = x.clone(), state.clone()
-    cpp_first = torch.ops.tracelock.apply_commits(cpp_x, cpp_state, proposal, commit, end_ids, FILL, stop_at_eot)
-    assert torch.equal(cpp_x, ref_x)
-    assert torch.equal(cpp_state, ref_state)
-    assert torch.equal(cpp_first, ref_first)
+    op_x, op_state = x.clone().to(device), state.clone().to(device)
+    first = torch.ops.tracelock.apply_commits(op_x, op_state, proposal.to(device), commit.to(device),
+                                              end_ids.to(device), FILL, stop_at_eot)
+    assert first.device.type == torch.device(device).type
+    assert torch.equal(op_x.cpu(), ref_x)
+    assert torch.equal(op_state.cpu(), ref_state)
+    assert torch.equal(first.cpu(), ref_first)
     return ref_x, ref_state, ref_first
 
 
@@ -60,6 +65,21 @@ CASES = [
 def test_apply_commits_cpp_matches_ref(B, L, E, stop_at_eot):
     for seed in range(5):
         run_both(*make_case(B, L, E, seed), stop_at_eot)
+
+
+@requires_cuda_ext
+@pytest.mark.parametrize("stop_at_eot", [False, True], ids=["keep", "stop"])
+@pytest.mark.parametrize("B, L, E", [*CASES, pytest.param(8, 384, 2, id="B8-L384-E2-llada-bench"),
+                                     pytest.param(64, 4096, 2, id="B64-L4096-E2")])
+def test_apply_commits_cuda_matches_ref(B, L, E, stop_at_eot):
+    for seed in range(5):
+        run_both(*make_case(B, L, E, seed), stop_at_eot, device="cuda")
+
+
+@requires_cuda_ext
+def test_apply_commits_cuda_opcheck():
+    args = [t.cuda() for t in make_case(4, 160, 2, seed=0)]
+    torch.library.opcheck(torch.ops.tracelock.apply_commits.default, (*args, FILL, True))
 
 
 @requires_cpp
