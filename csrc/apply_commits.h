@@ -16,7 +16,7 @@ bool with_cuda();
 
 #ifdef WITH_CUDA
 #include <cuda_runtime.h>
-// torch-free launcher in apply_commits.cu: one block per row
+// torch-free launcher in apply_commits_kernel.cu: one block per row
 extern "C" cudaError_t tracelock_apply_commits_launch(int64_t* x, uint8_t* state, const int64_t* proposal,
                                                       const bool* commit, const int64_t* end_ids,
                                                       int64_t* first_active, int64_t B, int64_t L, int64_t E,
