@@ -181,3 +181,17 @@ def test_code_reference_runs_in_plain_subprocess():
 
 def test_normalize():
     assert normalize("  Mia HAS\n 4   apples. ") == "mia has 4 apples."
+
+
+def test_eval_task_spec_picks_the_split():
+    from tracelock.eval.tasks import make_task
+    from tracelock.testbed.tasks import split_of
+
+    test, val = make_task("testbed:math").items(5), make_task("testbed:math@validation").items(5)
+    assert [it.id for it in test] == [f"math:test:0:{i}" for i in range(5)]
+    assert [it.id for it in val] == [f"math:validation:0:{i}" for i in range(5)]
+    assert {split_of(it.reference.key) for it in val} == {"validation"}
+    assert {split_of(it.reference.key) for it in test} == {"test"}
+    assert make_task("testbed:code@validation").name == "testbed:code@validation"
+    with pytest.raises(ValueError, match="testbed:math@validation"):
+        make_task("testbed:math@train")

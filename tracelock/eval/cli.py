@@ -41,7 +41,8 @@ def add_parsers(sub) -> None:
                                     "torchrun-ready)")
     p.add_argument("--model", required=True, help='checkpoint folder, or "testbed"')
     p.add_argument("--task", required=True, help="gsm8k:PATH, humaneval[:PATH], humaneval-with-tests[:PATH], "
-                                                 "qa:PATH, testbed:math or testbed:code")
+                                                 "qa:PATH, testbed:math or testbed:code "
+                                                 "(testbed:math@validation: that split)")
     p.add_argument("--policies", required=True,
                    help="comma-separated name[:key=value...], e.g. confidence,threshold:tau=0.9,tracelock,oracle "
                         "(oracle replays the first policy's final tokens)")

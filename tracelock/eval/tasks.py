@@ -9,7 +9,8 @@ A task spec names the task and, where it needs one, its data file:
   ``humaneval-with-tests`` puts the test code in the prompt as the reference release did (BASELINES.md).
 - ``qa:PATH``: Alpaca-style JSONL (``instruction``, optional ``input`` and ``output`` as reference answer);
   scored by the judge across policies (`tracelock.eval.judge`), not per item.
-- ``testbed:math`` / ``testbed:code``: the bundled testbed's held-out test split.
+- ``testbed:math`` / ``testbed:code``: the bundled testbed's held-out test split; ``testbed:math@validation`` its
+  validation split (to choose settings without touching the test split).
 
 The prompt of every item is the user message; the model's chat template is applied when it is encoded
 (`tracelock.text.encode_prompt`). Items are the file's first ``n`` (the order is the data's, so any ``n`` is a
@@ -149,21 +150,29 @@ class QATask(Task):
 
 
 class TestbedTask(Task):
+    SPLITS = ("test", "validation")
+
     def __init__(self, task: str, seed: int = 0):
         from tracelock.testbed.tasks import TASKS
 
+        task, _, split = task.partition("@")
         if task not in TASKS:
             raise ValueError(f"testbed task {task!r} is unknown; use one of {', '.join(sorted(TASKS))}")
-        self.task, self.seed = task, seed
-        self.name, self.metric_name = f"testbed:{task}", "accuracy" if task == "math" else "pass@1"
+        split = split or "test"
+        if split not in self.SPLITS:
+            raise ValueError(f"testbed split {split!r} is not evaluable; use testbed:{task} (test) or "
+                             f"testbed:{task}@validation (for choosing settings without touching the test split)")
+        self.task, self.split, self.seed = task, split, seed
+        self.name = f"testbed:{task}" + ("" if split == "test" else f"@{split}")
+        self.metric_name = "accuracy" if task == "math" else "pass@1"
 
     def items(self, n):
         from tracelock.testbed.tasks import held_out
 
         if n is None or n < 1:
             raise ValueError(f"--limit {n} must be >= 1 for a testbed task: how many held-out test items to draw")
-        return [EvalItem(f"{self.task}:test:{self.seed}:{i}", ex.prompt, ex)
-                for i, ex in enumerate(held_out(self.task, "test", n, seed=self.seed))]
+        return [EvalItem(f"{self.task}:{self.split}:{self.seed}:{i}", ex.prompt, ex)
+                for i, ex in enumerate(held_out(self.task, self.split, n, seed=self.seed))]
 
     def score(self, items, completions, workers=2):
         from tracelock.testbed.evaluate import score_items
@@ -183,4 +192,4 @@ def make_task(spec: str, seed: int = 0) -> Task:
     if name == "testbed" and arg:
         return TestbedTask(arg, seed=seed)
     raise ValueError(f"--task {spec!r} is not a task spec; use gsm8k:PATH, humaneval[:PATH], "
-                     "humaneval-with-tests[:PATH], qa:PATH, testbed:math or testbed:code")
+                     "humaneval-with-tests[:PATH], qa:PATH, testbed:math or testbed:code (@validation for that split)")
