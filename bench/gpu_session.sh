@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU checks of one lent H100/H200 session, in one call (about 6 minutes on an H200): build tracelock._C with CUDA, run the
-# GPU parity tests (the CUDA commits, the Triton kernels at real shapes, fused == reference on the GPU), then time
-# the kernels, the TraceLock step and the decode loops at LLaDA-8B's shape with random bf16 weights.
+# The GPU checks of one lent H100/H200 session, in one call (about 6 minutes on an H200): build tracelock._C
+# with CUDA, run the GPU parity tests (the CUDA commits, the Triton kernels at real shapes, fused == reference on
+# the GPU), then time the kernels, the TraceLock step and the decode loops at LLaDA-8B's shape, random bf16 weights.
 #
 #   OUT=/some/dir bash bench/gpu_session.sh       # results (JSON, logs) land in $OUT
 #
@@ -45,6 +45,6 @@ timeout 130 python3 -m pytest -q -p no:cacheprovider bench/test_bench_step.py --
 
 stage "decode loops, first 8 layers"
 timeout 150 python3 -m pytest -q -p no:cacheprovider bench/test_bench_decode.py --benchmark "${SHAPE[@]}" \
-  --bench-rounds 2 --shape-layers 8 --benchmark-json="$OUT/llada8b-8layers-decode.json" --benchmark-columns=median,iqr,rounds \
-  2>&1 | tail -30
+  --bench-rounds 2 --shape-layers 8 --benchmark-json="$OUT/llada8b-8layers-decode.json" \
+  --benchmark-columns=median,iqr,rounds 2>&1 | tail -30
 stage "done"
