@@ -153,8 +153,47 @@ def test_compiled_training_is_deterministic_and_leaves_the_mode_as_it_was(tmp_pa
     finally:
         torch.set_num_threads(threads)
     assert not torch.are_deterministic_algorithms_enabled()
-    a, b = (load_file(str(out / "train_state.safetensors")) for out in runs)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert _same_states(*runs)
+
+
+def _same_states(a, b):
+    a, b = (load_file(str(out / "train_state.safetensors")) for out in (a, b))
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_batches_built_by_worker_processes_train_the_same_weights(trained, tmp_path):
+    # the DataLoader returns whole batches in step order, so the run is the in-process one; a resume may change it
+    out = tmp_path / "run"
+    train(micro_config(out, workers=2), progress=False, stop_after=2)
+    train(micro_config(out, workers=1), progress=False)
+    assert _same_states(trained, out)
+
+
+@pytest.mark.parametrize("device,match", [("tpu", "--device cpu or --device cuda"), ("cpu:x", "not a torch device")])
+def test_bad_device_is_refused_with_the_fix(tmp_path, device, match):
+    with pytest.raises(ValueError, match=match):
+        train(micro_config(tmp_path / "run", device=device), progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_cuda_device_without_a_gpu_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no CUDA device"):
+        train(micro_config(tmp_path / "run", device="cuda"), progress=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_training_is_deterministic_resumes_and_matches_the_cpu_run(trained, tmp_path):
+    # the masks are drawn on the CPU, so a CUDA run sees the CPU run's data and masks: it differs by rounding only
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(micro_config(a, device="cuda", ar_steps=1, workers=2), progress=False)
+    train(micro_config(b, device="cuda", ar_steps=1), progress=False, stop_after=2)
+    train(micro_config(b, device="cuda", ar_steps=1), progress=False)
+    assert _same_states(a, b)
+    cpu = tmp_path / "cpu"
+    train(micro_config(cpu, ar_steps=1), progress=False)
+    x, y = (load_file(str(out / "model.safetensors")) for out in (a, cpu))
+    assert all(torch.allclose(x[k].float(), y[k].float(), atol=1e-2) for k in x)
 
 
 def test_evaluation_scores_math_and_sandboxed_code(trained):

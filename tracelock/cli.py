@@ -106,7 +106,7 @@ def _add_testbed_train(sub):
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last saved step")
     defaults = TrainConfig(out="")
     for name in ("seed", "steps", "batch_size", "d_model", "n_layers", "n_heads", "mlp", "save_every", "threads",
-                 "vocab_size", "tokenizer_corpus", "warmup", "probe_every", "probe_items"):
+                 "vocab_size", "tokenizer_corpus", "warmup", "probe_every", "probe_items", "workers"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None,
                        help=f"default {getattr(defaults, name)}")
     for name in ("lr", "long_fraction", "block_fraction"):
@@ -115,6 +115,8 @@ def _add_testbed_train(sub):
     p.add_argument("--compile", action="store_true", default=None,
                    help="torch.compile the loss, forward and backward (1.4-1.9x faster steps on a 2-core CPU "
                         "after about a minute of compiling)")
+    p.add_argument("--device", default=None,
+                   help="cpu (default) or cuda; a run reproduces its weights on the device and --threads it ran on")
     p.add_argument("--ar-steps", type=int, default=None,
                    help="start with this many autoregressive steps (causal mask, next-token loss), then LLaDA's "
                         "objective with a fresh optimiser for the rest of --steps (default 0)")

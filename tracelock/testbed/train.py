@@ -11,12 +11,16 @@ t ~ U(eps, 1) per row, and the loss is the cross-entropy on masked positions wei
 divided by the answer length (LLaDA's SFT loss). Batches are a pure function of (seed, step), so a run
 resumes exactly: the state (fp32 weights, AdamW moments, step, losses) is saved atomically as
 safetensors + JSON every ``save_every`` steps; nothing is pickled.
+
+``device="cuda"`` trains on a GPU with the same batches and masks (drawn on the CPU), ``workers`` builds the batches
+in background processes; a run reproduces its weights exactly on the device and thread count it ran on.
 """
 
 import contextlib
 import dataclasses
 import json
 import math
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -63,6 +67,12 @@ class TrainConfig:
     # bf16 autocast made a step ~30x slower on the 2-core AMD EPYC used earlier (57 s vs 1.9 s); fp32 is the default
     bf16: bool = False
     threads: int = 0  # 0: torch's default
+    # "cuda" trains on the GPU; the masks are drawn on the CPU either way, so both devices see the same data and masks,
+    # but float rounding differs, so a run reproduces its weights only on the device (and --threads) it ran on
+    device: str = "cpu"
+    # processes that build the batches ahead of the training step (0: in the training process); the batches are a
+    # function of (seed, step) either way. Worth it on a GPU, where building a batch costs more than the step
+    workers: int = 0
     # torch.compile the loss (forward + backward): 1.4-1.9x faster steps on a 2-core Xeon after a ~1 min compile;
     # the weights differ from an eager run's only by float reordering, so a run may switch on resume
     compile: bool = False
@@ -82,7 +92,8 @@ def _weights_config(config: dict) -> dict:
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
     full = json.loads(json.dumps({**defaults, **config}))
     return {k: v for k, v in full.items()
-            if k not in ("out", "save_every", "threads", "compile", "probe_every", "probe_items")}
+            if k not in ("out", "save_every", "threads", "compile", "probe_every", "probe_items", "device",
+                         "workers")}
 
 
 class Batches:
@@ -145,16 +156,19 @@ def ar_loss(model, x, answer_region):
     """Next-token cross-entropy on the answer region (the answer, <|eot_id|> and one eos; the rest of the
     eos tail is cut, since a causal model never reads past its last token)."""
     end = answer_region & (x != model.spec.eos_id)
-    keep = int((end.long() * torch.arange(x.shape[1])).max()) + 2
+    keep = int((end.long() * torch.arange(x.shape[1], device=x.device)).max()) + 2
     x, answer_region = x[:, :keep], answer_region[:, :keep]
     hidden = model(x, return_logits=False, return_taps=True, causal=True).taps[2]
     targets = answer_region[:, 1:]
     return F.cross_entropy(model.lm_head(hidden[:, :-1][targets]).float(), x[:, 1:][targets])
 
 
-def sft_loss(model, x, answer_region, generator, eps, answer_len=None, block_fraction=0.0, block_sizes=(16, 32)):
-    """LLaDA's SFT loss; with ``block_fraction`` > 0 that share of rows is masked by `block_mask` instead."""
-    B, L = x.shape
+def draw_masks(answer_region, answer_len, generator, eps, block_fraction=0.0, block_sizes=(16, 32)):
+    """The random part of `sft_loss`, on the CPU: per-row ratios ``t`` and the (masked, supervised, region) masks.
+
+    Drawn from ``generator`` in a fixed order, so a step's masks are the same on every device.
+    """
+    B, L = answer_region.shape
     # t ~ U(eps, 1) per row, stratified over the batch (row i in [i/B, (i+1)/B) after a shared random shift):
     # each t is still uniform, but every batch covers the whole range, which steadies the 1/t-weighted loss
     u = (torch.arange(B) + torch.rand(1, generator=generator)) / B
@@ -171,6 +185,15 @@ def sft_loss(model, x, answer_region, generator, eps, answer_len=None, block_fra
     first = region.float().argmax(1)
     masked[none, first[none]] = True
     supervised[none, first[none]] = True
+    return t, masked, supervised, region
+
+
+def sft_loss(model, x, answer_region, generator, eps, answer_len=None, block_fraction=0.0, block_sizes=(16, 32)):
+    """LLaDA's SFT loss; with ``block_fraction`` > 0 that share of rows is masked by `block_mask` instead."""
+    B, L = x.shape
+    t, masked, supervised, region = (m.to(x.device) for m in draw_masks(
+        answer_region.cpu(), None if answer_len is None else answer_len.cpu(), generator, eps, block_fraction,
+        block_sizes))
     noisy = x.masked_fill(masked, model.spec.mask_id)
     hidden = model(noisy, return_logits=False, return_taps=True).taps[2]
     logits = model.lm_head(hidden[supervised]).float()
@@ -216,10 +239,10 @@ def probe(model, tokenizer, tasks, n: int) -> dict:
 
 
 def _save_state(out: Path, model, opt, step: int, log: dict) -> None:
-    tensors = {f"model/{n}": p.detach().contiguous() for n, p in model.named_parameters()}
+    tensors = {f"model/{n}": p.detach().cpu().contiguous() for n, p in model.named_parameters()}
     for n, p in model.named_parameters():
         for k, v in opt.state.get(p, {}).items():
-            tensors[f"opt/{n}/{k}"] = v.detach().reshape(v.shape).contiguous()
+            tensors[f"opt/{n}/{k}"] = v.detach().reshape(v.shape).cpu().contiguous()
     atomic_write(out / "train_state.safetensors", lambda p: save_file(tensors, p))
     atomic_write_json(out / "train_state.json", {**log, "step": step})
 
@@ -234,7 +257,8 @@ def _load_state(out: Path, model, opt) -> tuple:
     for key, v in tensors.items():
         if key.startswith("opt/"):
             n, k = key[4:].rsplit("/", 1)
-            opt.state[params[n]][k] = v
+            # AdamW keeps its step counters on the CPU (not capturable); the moments live with their parameter
+            opt.state[params[n]][k] = v if k == "step" else v.to(params[n].device)
     return log["step"], log
 
 
@@ -257,6 +281,47 @@ def _build(cfg: TrainConfig, out: Path):
                               else 1.0)
                 p.normal_(0.0, std)
     return model, load_tokenizer(out)
+
+
+class _Steps(torch.utils.data.Dataset):
+    """Steps ``start .. stop - 1`` as a dataset of whole batches, for `batch_stream`'s worker processes."""
+
+    def __init__(self, batches: Batches, start: int, stop: int):
+        self.batches, self.start, self.stop = batches, start, stop
+
+    def __len__(self):
+        return self.stop - self.start
+
+    def __getitem__(self, i):
+        return self.batches(self.start + i)
+
+
+def batch_stream(batches: Batches, start: int, stop: int, workers: int = 0, pin_memory: bool = False):
+    """The batches of steps ``start .. stop - 1`` in order; with ``workers`` > 0 built ahead in that many processes
+    (a DataLoader over steps returns them in step order, so the stream is the same either way)."""
+    if workers == 0:
+        return (batches(step) for step in range(start, stop))
+    # the parent has used the Rust tokenizer; without this every forked worker warns that its threads were dropped
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    steps = _Steps(batches, start, stop)
+    return iter(torch.utils.data.DataLoader(steps, batch_size=None, shuffle=False, num_workers=workers,
+                                            prefetch_factor=4, pin_memory=pin_memory))
+
+
+def _training_device(name: str) -> torch.device:
+    """``--device`` checked; on CUDA, cuBLAS gets the fixed workspace that deterministic mode needs."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"device={name!r} is not a torch device ({e}); pass --device cpu or --device cuda") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device='cuda' but torch sees no CUDA device here; pass --device cpu")
+        # must be set before cuBLAS creates its handle, i.e. before the first matmul on the device
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    elif device.type != "cpu":
+        raise ValueError(f"device={name!r}: testbed-train runs on cpu or cuda; pass --device cpu or --device cuda")
+    return device
 
 
 @contextlib.contextmanager
@@ -290,9 +355,10 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
     fresh = not (out / "train_state.json").exists()
     if not fresh and not resume:
         raise FileExistsError(f"{out} holds a training run; pass --resume to continue it or choose another --out")
+    device = _training_device(cfg.device)
     out.mkdir(parents=True, exist_ok=True)
     model, tok = _build(cfg, out)
-    model.train()
+    model.to(device).train()
     opt = make_optimizer(cfg, model)
     start, log = 0, {"config": dataclasses.asdict(cfg), "loss": [], "seconds": 0.0}
     if not fresh:
@@ -305,14 +371,15 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, unit="step")
     with _deterministic_algorithms():
         t0, window = time.perf_counter(), []
-        for step in bar:
+        stream = batch_stream(batches, start, cfg.steps, cfg.workers, pin_memory=device.type == "cuda")
+        for step, (x, region, answer_len) in zip(bar, stream):
             if step == cfg.ar_steps > 0:
                 opt = make_optimizer(cfg, model)  # the masked phase starts afresh (moments of the AR loss dropped)
-            x, region, answer_len = batches(step)
+            x, region = x.to(device, non_blocking=True), region.to(device, non_blocking=True)
             gen = torch.Generator().manual_seed(cfg.seed * 7_000_003 + step)
             for group in opt.param_groups:
                 group["lr"] = _lr(cfg, step)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
                 if step < cfg.ar_steps:
                     loss = ar_loss(model, x, region)
                 else:
@@ -338,6 +405,6 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
                 _save_state(out, model, opt, step + 1, log)
             if stop_after is not None and step + 1 >= stop_after:
                 return out
-    export_weights(out, model)
+    export_weights(out, model.cpu())
     return out
 
