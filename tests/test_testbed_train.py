@@ -324,7 +324,12 @@ def test_sft_loss_with_block_rows_is_finite_and_trains_every_row(trained):
 
 
 def test_probe_classes_tokens_and_counts_every_answer_token(trained, tmp_path):
-    from tracelock.testbed.probe import object_embedding_cosine, single_mask_accuracy, token_classes
+    from tracelock.testbed.probe import (
+        left_context_result_accuracy,
+        object_embedding_cosine,
+        single_mask_accuracy,
+        token_classes,
+    )
 
     pieces = ["Tom", "has", "4", "+", "9", "=", "13", "stamps", ".", "####", "13"]
     assert token_classes(pieces) == ["name", "other", "operand", "other", "operand", "other", "result", "object",
@@ -335,13 +340,18 @@ def test_probe_classes_tokens_and_counts_every_answer_token(trained, tmp_path):
     assert sum(n for _, n in counts.values()) == sum(len(tok(ex.answer, add_special_tokens=False)["input_ids"])
                                                      for ex in items)
     assert all(0 <= k <= n for k, n in counts.values()) and counts["object"][1] > 0
+    # the micro tokenizer splits " 13" into " " and "13", so its answers have no result class; the bundled model's has
+    bundled, bundled_tok = tracelock.load_model("testbed"), tracelock.load_tokenizer("testbed")
+    k, n = left_context_result_accuracy(bundled, bundled_tok, items)
+    assert n == single_mask_accuracy(bundled, bundled_tok, items)["result"][1] > 0 and 0 <= k <= n
     cos = object_embedding_cosine(model, tok)
     assert set(cos) == {"embedding", "lm_head"} and all(-1 <= v <= 1 for v in cos.values())
     out = tmp_path / "probe.json"
     proc = subprocess.run([sys.executable, "-m", "tracelock", "testbed-probe", "--model", str(trained), "--n", "2",
                            "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(out.read_text())["tokens"] == {c: n for c, (_, n) in counts.items()}
+    saved = json.loads(out.read_text())
+    assert saved["tokens"] == {c: n for c, (_, n) in counts.items()} and saved["results"] == counts["result"][1]
 
 
 def test_ship_copies_a_finished_run_with_its_provenance(tmp_path):

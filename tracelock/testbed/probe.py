@@ -5,7 +5,8 @@ the model's top-1 prediction is scored per token class: the object word (copied 
 the person's name, numbers after "=" (arithmetic), other numbers (copied operands), everything else. With
 full context every class but the phrasing is determined, so a low class accuracy names a missing skill
 rather than a decoding problem. It also reports how alike the ten object words' embeddings are: a masked
-objective that never learns to copy them makes them interchangeable (cosine near 1).
+objective that never learns to copy them makes them interchangeable (cosine near 1). Last, each equation result
+is predicted again with everything from it on masked (`left_context_result_accuracy`): the arithmetic itself.
 """
 
 import json
@@ -59,6 +60,31 @@ def single_mask_accuracy(model, tokenizer, items, gen_length: int = 64) -> dict:
     return {c: tuple(v) for c, v in counts.items()}
 
 
+@torch.no_grad()
+def left_context_result_accuracy(model, tokenizer, items, gen_length: int = 64) -> tuple:
+    """(correct, total) over the equation results of ``items`` (the number after "="), each predicted with the
+    answer before it visible and everything from it on masked.
+
+    That is the state semi-AR decoding commits a result in (minus the rest of its block). With the rest of the
+    answer visible, as in `single_mask_accuracy`, a result can be copied from where it appears later (the next
+    equation's operand, "#### N"); here it has to be computed from the operands.
+    """
+    spec = model.spec
+    correct = total = 0
+    for ex in items:
+        prompt = encode_prompt(tokenizer, ex.prompt)
+        answer = tokenizer(ex.answer, add_special_tokens=False)["input_ids"]
+        classes = token_classes([tokenizer.decode([t]).strip() for t in answer])
+        results = [k for k, cls in enumerate(classes) if cls == "result"]
+        if not results:
+            continue
+        rows = torch.tensor([prompt + answer[:k] + [spec.mask_id] * (gen_length - k) for k in results])
+        logits = model.predict(rows, torch.tensor(results)[:, None] + len(prompt)).logits[:, 0]
+        correct += int((logits.argmax(-1) == torch.tensor([answer[k] for k in results])).sum())
+        total += len(results)
+    return correct, total
+
+
 def object_embedding_cosine(model, tokenizer) -> dict:
     """Mean pairwise cosine of the object words' input embeddings and LM-head rows."""
     ids = [tokenizer(" " + w, add_special_tokens=False)["input_ids"][0] for w in OBJECTS]
@@ -74,10 +100,13 @@ def _run(args):
     import tracelock
 
     model, tok = tracelock.load_model(args.model), tracelock.load_tokenizer(args.model)
-    counts = single_mask_accuracy(model, tok, held_out("math", args.split, args.n))
+    items = held_out("math", args.split, args.n)
+    counts = single_mask_accuracy(model, tok, items)
+    k, n = left_context_result_accuracy(model, tok, items)
     result = {"model": str(args.model), "items": args.n, "split": args.split,
               "single_mask_accuracy": {c: round(k / n, 3) if n else None for c, (k, n) in counts.items()},
               "tokens": {c: n for c, (_, n) in counts.items()},
+              "result_left_context_accuracy": round(k / n, 3) if n else None, "results": n,
               "object_embedding_cosine": object_embedding_cosine(model, tok)}
     print(json.dumps(result, indent=1))
     if args.out:
