@@ -6,7 +6,8 @@ the person's name, numbers after "=" (arithmetic), other numbers (copied operand
 full context every class but the phrasing is determined, so a low class accuracy names a missing skill
 rather than a decoding problem. It also reports how alike the ten object words' embeddings are: a masked
 objective that never learns to copy them makes them interchangeable (cosine near 1). Last, each equation result
-is predicted again with everything from it on masked (`left_context_result_accuracy`): the arithmetic itself.
+is predicted again with everything from it on masked (`left_context_result_accuracy`): the arithmetic itself; and
+how often the training masks ask for that (`compute_case_share`).
 """
 
 import json
@@ -85,6 +86,34 @@ def left_context_result_accuracy(model, tokenizer, items, gen_length: int = 64) 
     return correct, total
 
 
+def compute_case_share(tokenizer, spec, block_fraction: float, steps: int = 60, seed: int = 0):
+    """Share of equation results in `testbed-train`'s math batches that its masks make the model compute: the result
+    supervised, both operands (``a op b = c``) visible, every later use of the number masked. None without results.
+
+    The first ``steps`` batches of a run with ``seed`` (math only, batch 32) and their masks as `draw_masks` draws
+    them with ``block_fraction``.
+    """
+    from tracelock.testbed.train import Batches, TrainConfig, draw_masks
+
+    batches = Batches(TrainConfig(out="", seed=seed, tasks=("math",), block_fraction=block_fraction), tokenizer, spec)
+    computed = total = 0
+    for step in range(steps):
+        x, region, answer_len = batches(step)
+        generator = torch.Generator().manual_seed(seed * 7_000_003 + step)
+        _, masked, supervised, _ = draw_masks(region, answer_len, generator, 1e-3, block_fraction)
+        for i, row in enumerate(x.tolist()):
+            start = int(region[i].float().argmax())
+            answer = row[start:start + int(answer_len[i])]
+            for k, cls in enumerate(token_classes([tokenizer.decode([t]).strip() for t in answer])):
+                if cls != "result":
+                    continue
+                later = [start + j for j in range(k + 1, len(answer)) if answer[j] == answer[k]]
+                total += 1
+                computed += bool(supervised[i, start + k] and not masked[i, start + k - 4]
+                                 and not masked[i, start + k - 2] and masked[i, later].all())
+    return computed / total if total else None
+
+
 def object_embedding_cosine(model, tokenizer) -> dict:
     """Mean pairwise cosine of the object words' input embeddings and LM-head rows."""
     ids = [tokenizer(" " + w, add_special_tokens=False)["input_ids"][0] for w in OBJECTS]
@@ -107,6 +136,7 @@ def _run(args):
               "single_mask_accuracy": {c: round(k / n, 3) if n else None for c, (k, n) in counts.items()},
               "tokens": {c: n for c, (_, n) in counts.items()},
               "result_left_context_accuracy": round(k / n, 3) if n else None, "results": n,
+              "training_compute_share": {str(f): compute_case_share(tok, model.spec, f) for f in (0.0, 0.5, 1.0)},
               "object_embedding_cosine": object_embedding_cosine(model, tok)}
     print(json.dumps(result, indent=1))
     if args.out:
