@@ -93,14 +93,15 @@ def compute_case_share(tokenizer, spec, block_fraction: float, steps: int = 60, 
     The first ``steps`` batches of a run with ``seed`` (math only, batch 32) and their masks as `draw_masks` draws
     them with ``block_fraction``.
     """
-    from tracelock.testbed.train import Batches, TrainConfig, draw_masks
+    from tracelock.testbed.train import Batches, TrainConfig, draw_masks, mask_generator
 
-    batches = Batches(TrainConfig(out="", seed=seed, tasks=("math",), block_fraction=block_fraction), tokenizer, spec)
+    cfg = TrainConfig(out="", seed=seed, tasks=("math",), block_fraction=block_fraction)
+    batches = Batches(cfg, tokenizer, spec)
     computed = total = 0
     for step in range(steps):
         x, region, answer_len = batches(step)
-        generator = torch.Generator().manual_seed(seed * 7_000_003 + step)
-        _, masked, supervised, _ = draw_masks(region, answer_len, generator, 1e-3, block_fraction)
+        _, masked, supervised, _ = draw_masks(region, answer_len, mask_generator(seed, step), cfg.eps, block_fraction,
+                                              cfg.block_sizes)
         for i, row in enumerate(x.tolist()):
             start = int(region[i].float().argmax())
             answer = row[start:start + int(answer_len[i])]

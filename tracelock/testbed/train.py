@@ -188,6 +188,11 @@ def draw_masks(answer_region, answer_len, generator, eps, block_fraction=0.0, bl
     return t, masked, supervised, region
 
 
+def mask_generator(seed: int, step: int) -> torch.Generator:
+    """The CPU generator of a step's masks: a pure function of (seed, step), like the batches."""
+    return torch.Generator().manual_seed(seed * 7_000_003 + step)
+
+
 def sft_loss(model, x, answer_region, generator, eps, answer_len=None, block_fraction=0.0, block_sizes=(16, 32)):
     """LLaDA's SFT loss; with ``block_fraction`` > 0 that share of rows is masked by `block_mask` instead."""
     B, L = x.shape
@@ -375,15 +380,16 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
         for step, (x, region, answer_len) in zip(bar, stream):
             if step == cfg.ar_steps > 0:
                 opt = make_optimizer(cfg, model)  # the masked phase starts afresh (moments of the AR loss dropped)
-            x, region = x.to(device, non_blocking=True), region.to(device, non_blocking=True)
-            gen = torch.Generator().manual_seed(cfg.seed * 7_000_003 + step)
+            # the region stays on the CPU for the masked loss, whose masks are drawn there (`draw_masks`)
+            x = x.to(device, non_blocking=True)
             for group in opt.param_groups:
                 group["lr"] = _lr(cfg, step)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
                 if step < cfg.ar_steps:
-                    loss = ar_loss(model, x, region)
+                    loss = ar_loss(model, x, region.to(device))
                 else:
-                    loss = loss_fn(model, x, region, gen, cfg.eps, answer_len, cfg.block_fraction, cfg.block_sizes)
+                    loss = loss_fn(model, x, region, mask_generator(cfg.seed, step), cfg.eps, answer_len,
+                                   cfg.block_fraction, cfg.block_sizes)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
