@@ -69,7 +69,8 @@ def run_eval(args) -> int:
     Resumable per policy row: each finished row is written to ``--out`` at once (atomically), and the reference
     run's canvases, which the oracle row replays, to ``<out>.canvas.safetensors``; a rerun skips what is there.
     """
-    model, tokenizer = load_model(args.model), load_tokenizer(args.model)
+    model, tokenizer = load_model(args.model, device=args.device), load_tokenizer(args.model)
+    settings_common = dict(batch_size=args.batch_size, workers=args.workers)
     out = Path(args.out)
     canvas_file = out.with_name(out.name + ".canvas.safetensors")
     results = json.loads(out.read_text()) if out.exists() else {}
@@ -79,7 +80,7 @@ def run_eval(args) -> int:
         for setting in args.settings.split(","):
             gen_length, width = (int(v) for v in setting.split("/"))
             key = f"{task} gen{gen_length} {args.schedule}{width}"
-            settings = dict(gen_length=gen_length, batch_size=args.batch_size, **{args.schedule: width})
+            settings = dict(gen_length=gen_length, **settings_common, **{args.schedule: width})
             rows = results.setdefault(key, [])
             if any(r["n"] != len(items) for r in rows):
                 raise ValueError(f"{out} holds {key!r} measured on {rows[0]['n']} items; pass --n {rows[0]['n']} "
@@ -93,7 +94,7 @@ def run_eval(args) -> int:
                 r = evaluate_policy(model, tokenizer, items, label, name, policy_args, **settings)
                 rows.append(r.summary())
                 if label == policies[0][0]:
-                    canvases[key] = r.canvas.contiguous()
+                    canvases[key] = r.canvas.cpu().contiguous()
                     atomic_write(canvas_file, lambda p: save_file(canvases, p))
                 atomic_write_json(out, results)
             reference_label = policies[0][0]

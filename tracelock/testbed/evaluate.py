@@ -87,12 +87,13 @@ def score_items(items, completions, workers: int = 2) -> list:
 
 
 def evaluate_policy(model, tokenizer, items, label, policy, policy_args=None, *, gen_length, block=None,
-                    window=None, batch_size=64) -> PolicyResult:
-    """Decode and score ``items`` with one policy (a name with ``policy_args``, or a per-batch factory)."""
+                    window=None, batch_size=64, workers=2) -> PolicyResult:
+    """Decode and score ``items`` with one policy (a name with ``policy_args``, or a per-batch factory);
+    ``workers`` sandbox processes run the code answers' tests."""
     completions, steps, seconds, canvas = decode(model, tokenizer, items, policy=policy, policy_args=policy_args,
                                                  gen_length=gen_length, block=block, window=window,
                                                  batch_size=batch_size)
-    correct = score_items(items, completions)
+    correct = score_items(items, completions, workers=workers)
     return PolicyResult(label, sum(correct) / len(items), sum(steps) / len(items), seconds / len(items), correct,
                         completions, canvas)
 
