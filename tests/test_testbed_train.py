@@ -285,6 +285,20 @@ def test_eval_cli_resumes_per_policy_row(trained, tmp_path):
     assert other.returncode != 0 and "measured on 2 items; pass --n 2" in other.stderr
 
 
+def test_eval_cli_runs_the_chosen_rows_and_refuses_unknown_ones(trained, tmp_path):
+    cmd = [sys.executable, "-m", "tracelock", "testbed-eval", "--model", str(trained), "--tasks", "math", "--n", "2",
+           "--settings", "16/8", "--out", str(tmp_path / "eval.json"), "--policies"]
+    chosen = subprocess.run(cmd + ["threshold 0.9, random 1/step"], capture_output=True, text=True, timeout=300)
+    assert chosen.returncode == 0, chosen.stderr
+    rows = json.loads((tmp_path / "eval.json").read_text())["math gen16 block8"]
+    # the reference row always runs: the oracle replays it
+    assert [r["policy"] for r in rows] == ["confidence 1/step", "threshold 0.9", "random 1/step",
+                                           "oracle (of confidence 1/step)"]
+    unknown = subprocess.run(cmd + ["threshold 0.95"], capture_output=True, text=True, timeout=300)
+    assert unknown.returncode != 0 and "unknown rows ['threshold 0.95']" in unknown.stderr
+    assert "'threshold 0.9'" in unknown.stderr
+
+
 def test_bundled_name_resolves(trained, monkeypatch, tmp_path):
     monkeypatch.setattr(loading, "BUNDLED", {"testbed": tmp_path / "missing"})
     with pytest.raises(CheckpointError, match="testbed-train"):

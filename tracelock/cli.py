@@ -83,6 +83,8 @@ def _add_testbed_eval(sub):
     p.add_argument("--schedule", choices=["block", "window"], default="block")
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--policies", help='comma-separated row labels, e.g. "threshold 0.9,random 1/step" (default: all); '
+                                      '"confidence 1/step" always runs, as the oracle replays it')
     p.add_argument("--device", default="cpu", help="where the model decodes (cpu, cuda)")
     p.add_argument("--workers", type=int, default=2, help="sandbox processes that run the code answers' tests")
     p.add_argument("--out", required=True, help="JSON results file (settings already in it are skipped)")

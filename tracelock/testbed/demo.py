@@ -63,6 +63,19 @@ def run_demo(args) -> int:
     return 0
 
 
+def _chosen_policies(policies: list, labels) -> list:
+    """The rows named in ``labels`` (comma-separated; None: all), in table order; the first row, the reference the
+    oracle replays, is always kept."""
+    if not labels:
+        return policies
+    wanted = {label.strip() for label in labels.split(",") if label.strip()}
+    unknown = wanted - {label for label, _, _ in policies}
+    if unknown:
+        raise ValueError(f"--policies: unknown rows {sorted(unknown)}; choose from "
+                         f"{', '.join(repr(label) for label, _, _ in policies)}")
+    return [row for i, row in enumerate(policies) if i == 0 or row[0] in wanted]
+
+
 def run_eval(args) -> int:
     """`tracelock testbed-eval`: the quality-vs-steps tables for several settings, saved as JSON and printed.
 
@@ -86,7 +99,7 @@ def run_eval(args) -> int:
                 raise ValueError(f"{out} holds {key!r} measured on {rows[0]['n']} items; pass --n {rows[0]['n']} "
                                  f"to resume it, or another --out for {len(items)} items")
             done = {r["policy"] for r in rows}
-            policies = baseline_policies(gen_length)
+            policies = _chosen_policies(baseline_policies(gen_length), args.policies)
             for label, name, policy_args in policies:
                 if label in done:
                     continue
