@@ -13,8 +13,10 @@ TRAIN_SECONDS=${TRAIN_SECONDS:-380}
 AR_STEPS=${AR_STEPS:-800} DEVICE=${DEVICE:-cuda} BATCH=${BATCH:-128} CAL_STEPS=${CAL_STEPS:-300} MIN_STEPS=${MIN_STEPS:-1000} EVAL_N=${EVAL_N:-300}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-# the package as installed (kernels/ becomes tracelock.kernels); no C++ extension is needed for training
-TRACELOCK_BUILD_EXT=0 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/tmp/pip.log 2>&1 \
+# a bare device machine needs the package installed (kernels/ becomes tracelock.kernels; training needs no C++
+# extension); an environment that already has it, e.g. a CPU dry run's, is left as it is
+python3 -c "import tracelock.kernels" 2>/dev/null \
+  || TRACELOCK_BUILD_EXT=0 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/tmp/pip.log 2>&1 \
   || { tail -20 /tmp/pip.log; exit 1; }
 WORK=/tmp/testbed-runs
 rm -rf "$WORK"; mkdir -p "$WORK"

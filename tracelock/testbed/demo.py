@@ -83,7 +83,6 @@ def run_eval(args) -> int:
     run's canvases, which the oracle row replays, to ``<out>.canvas.safetensors``; a rerun skips what is there.
     """
     model, tokenizer = load_model(args.model, device=args.device), load_tokenizer(args.model)
-    settings_common = dict(batch_size=args.batch_size, workers=args.workers)
     out = Path(args.out)
     canvas_file = out.with_name(out.name + ".canvas.safetensors")
     results = json.loads(out.read_text()) if out.exists() else {}
@@ -93,7 +92,8 @@ def run_eval(args) -> int:
         for setting in args.settings.split(","):
             gen_length, width = (int(v) for v in setting.split("/"))
             key = f"{task} gen{gen_length} {args.schedule}{width}"
-            settings = dict(gen_length=gen_length, **settings_common, **{args.schedule: width})
+            settings = dict(gen_length=gen_length, batch_size=args.batch_size, workers=args.workers,
+                            **{args.schedule: width})
             rows = results.setdefault(key, [])
             if any(r["n"] != len(items) for r in rows):
                 raise ValueError(f"{out} holds {key!r} measured on {rows[0]['n']} items; pass --n {rows[0]['n']} "
