@@ -108,6 +108,9 @@ def _add_testbed_train(sub):
     p = sub.add_parser("testbed-train", help="train the bundled testbed model (LLaDA SFT objective, resumable)")
     p.add_argument("--out", required=True, help="run folder: checkpoint files, train_state.*, final weights")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last saved step")
+    p.add_argument("--family", choices=["llada", "dream"], default=None,
+                   help="llada (default): LLaDA's config and unshifted logits; dream: a Dream-format checkpoint "
+                        "(Qwen2 keys, Dream's ids), the row before a masked position predicts it")
     defaults = TrainConfig(out="")
     for name in ("seed", "steps", "batch_size", "d_model", "n_layers", "n_heads", "mlp", "save_every", "threads",
                  "vocab_size", "tokenizer_corpus", "warmup", "probe_every", "probe_items", "workers"):

@@ -47,7 +47,7 @@ def run_demo(args) -> int:
         items = held_out(task, "test", args.n, seed=args.seed)
         rows = evaluate_policies(model, tokenizer, items, gen_length=args.gen_length,
                                  block=None if args.window else block, window=args.window,
-                                 policies=demo_policies(args.gen_length),
+                                 policies=demo_policies(args.gen_length, model.spec.family),
                                  batch_size=args.batch_size,
                                  progress=lambda label, task=task: _say(f"{task}: {label}"))
         if controller is not None:
@@ -99,7 +99,7 @@ def run_eval(args) -> int:
                 raise ValueError(f"{out} holds {key!r} measured on {rows[0]['n']} items; pass --n {rows[0]['n']} "
                                  f"to resume it, or another --out for {len(items)} items")
             done = {r["policy"] for r in rows}
-            policies = _chosen_policies(baseline_policies(gen_length), args.policies)
+            policies = _chosen_policies(baseline_policies(gen_length, model.spec.family), args.policies)
             for label, name, policy_args in policies:
                 if label in done:
                     continue

@@ -16,12 +16,26 @@ from tracelock.testbed.tasks import code_program, score
 from tracelock.text import decode_answer, encode_prompt
 
 
-def baseline_policies(gen_length: int) -> list:
-    """(label, policy name, policy args): the heuristic rows of the quality-vs-steps table."""
-    return [
-        ("confidence 1/step", "confidence", {}),
-        ("confidence 2/step", "confidence", {"steps": gen_length // 2}),
-        ("confidence 4/step", "confidence", {"steps": gen_length // 4}),
+def reference_rule(family: str) -> str:
+    """The family's own one-token-per-step rule, the quality reference of its tables: LLaDA's low-confidence
+    remasking, Dream's README rule (``entropy``)."""
+    return "entropy" if family == "dream" else "confidence"
+
+
+def baseline_policies(gen_length: int, family: str = "llada") -> list:
+    """(label, policy name, policy args): the heuristic rows of the quality-vs-steps table; the first row is the
+    family's reference rule at one token per step (the oracle replays it). A Dream model adds Dream's other rules
+    and Fast-dLLM's Dream variant of the threshold rule."""
+    ref = reference_rule(family)
+    rows = [
+        (f"{ref} 1/step", ref, {}),
+        (f"{ref} 2/step", ref, {"steps": gen_length // 2}),
+        (f"{ref} 4/step", ref, {"steps": gen_length // 4}),
+    ]
+    if family == "dream":
+        rows += [("maskgit_plus 1/step", "maskgit_plus", {}), ("topk_margin 1/step", "topk_margin", {}),
+                 ("threshold 0.9 (Dream variant)", "threshold", {"tau": 0.9, "first_token": True})]
+    return rows + [
         ("threshold 0.9", "threshold", {"tau": 0.9}),
         ("threshold 0.7", "threshold", {"tau": 0.7}),
         ("threshold 0.5", "threshold", {"tau": 0.5}),
@@ -29,10 +43,12 @@ def baseline_policies(gen_length: int) -> list:
     ]
 
 
-def demo_policies(gen_length: int) -> list:
+def demo_policies(gen_length: int, family: str = "llada") -> list:
     """The rows `tracelock demo` can afford in about two minutes on a 2-core CPU."""
-    keep = {"confidence 1/step", "confidence 4/step", "threshold 0.9", "threshold 0.5", "random 1/step"}
-    return [row for row in baseline_policies(gen_length) if row[0] in keep]
+    ref = reference_rule(family)
+    keep = {f"{ref} 1/step", f"{ref} 4/step", "threshold 0.9", "threshold 0.5", "random 1/step",
+            "maskgit_plus 1/step", "topk_margin 1/step", "threshold 0.9 (Dream variant)"}
+    return [row for row in baseline_policies(gen_length, family) if row[0] in keep]
 
 
 @dataclass
@@ -106,10 +122,10 @@ def evaluate_oracle(model, tokenizer, items, reference_label: str, reference_can
 
 def evaluate_policies(model, tokenizer, items, *, gen_length, block=None, window=None, policies=None,
                       oracle=True, batch_size=64, progress=None) -> list:
-    """One `PolicyResult` per policy, plus the oracle of the first row (confidence 1/step) when asked."""
+    """One `PolicyResult` per policy, plus the oracle of the first row (the family's reference rule) when asked."""
     settings = dict(gen_length=gen_length, block=block, window=window, batch_size=batch_size)
     rows = []
-    for label, name, args in policies or baseline_policies(gen_length):
+    for label, name, args in policies or baseline_policies(gen_length, model.spec.family):
         if progress:
             progress(label)
         rows.append(evaluate_policy(model, tokenizer, items, label, name, args, **settings))

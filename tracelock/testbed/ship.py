@@ -47,9 +47,10 @@ def provenance(run, *, command: str, machine: str) -> dict:
                          f"(missing: {', '.join(missing) or '-'}); "
                          "finish it with the same `testbed-train` command plus --resume")
     ar = cfg.get("ar_steps", 0)
+    masked = ("LLaDA SFT (masked, 1/t weighted)" if cfg.get("family", "llada") == "llada" else
+              "LLaDA SFT with Dream's shift (masked, 1/t weighted, the row before a masked position predicts it)")
     phases = (f"steps 0-{ar - 1}: autoregressive (causal mask, next-token loss on the answer); " if ar else "") + \
-        f"steps {ar}-{cfg['steps'] - 1}: LLaDA SFT (masked, 1/t weighted)" + \
-        (", fresh AdamW and schedule" if ar else "")
+        f"steps {ar}-{cfg['steps'] - 1}: {masked}" + (", fresh AdamW and schedule" if ar else "")
     return {
         "command": command,
         "config": cfg,
