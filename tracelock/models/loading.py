@@ -18,7 +18,8 @@ _SUPPORTED_DTYPES = {
 
 _TESTBED = Path(__file__).resolve().parent.parent / "testbed"
 # names that load a model shipped inside the package: "testbed" is the LLaDA-family model
-BUNDLED = {"testbed": _TESTBED / "model", "testbed-llada": _TESTBED / "model", "testbed-dream": _TESTBED / "model-dream"}
+BUNDLED = {"testbed": _TESTBED / "model", "testbed-llada": _TESTBED / "model",
+           "testbed-dream": _TESTBED / "model-dream"}
 
 
 def resolve_path(path) -> Path:
