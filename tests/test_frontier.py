@@ -109,6 +109,10 @@ def test_a_bare_name_takes_its_default_grid_and_one_value_is_one_point():
     assert (one.knob, one.values, one.fixed) == ("tau", (0.9,), {"cache": "dual"})
     assert one.points(Setting(64, 16))[0].args == {"tau": 0.9, "cache": "dual"}
     assert parse_sweep("confidence:per_step=1,4").points(Setting(64, 16))[1].args == {"steps": 16}
+    named = parse_sweep("tracelock:theta=0.5,0.9:controller=runs/a:curve=TraceLock-A")
+    assert named.curve == "TraceLock-A" and named.fixed == {"controller": "runs/a"}
+    point = named.points(Setting(64, 16))[1]
+    assert point.args == {"theta": 0.9, "controller": "runs/a"} and point.label.endswith(":curve=TraceLock-A")
 
 
 def test_bad_runs_are_refused(micro, tmp_path):

@@ -49,14 +49,17 @@ class Sweep:
     knob: str
     values: tuple
     fixed: dict  # the policy's other arguments (and the runner's, e.g. cache=dual), the same at every point
+    title: str | None = None  # the curve's name (``curve=``), default: the policy and its fixed arguments
 
     @property
     def curve(self) -> str:
-        """The curve's name: the policy, with the fixed arguments that set it apart from other sweeps of it."""
-        return self.name + "".join(f":{k}={v}" for k, v in self.fixed.items())
+        """The curve's name: ``curve=``, else the policy with the fixed arguments that set it apart."""
+        return self.title or self.name + "".join(f":{k}={v}" for k, v in self.fixed.items())
 
     def label(self, value) -> str:
-        return f"{self.name}:{self.knob}={value}" + "".join(f":{k}={v}" for k, v in self.fixed.items())
+        """The eval policy label of one point (the curve name keeps two sweeps of one policy apart)."""
+        fixed = "".join(f":{k}={v}" for k, v in self.fixed.items())
+        return f"{self.name}:{self.knob}={value}{fixed}" + (f":curve={self.title}" if self.title else "")
 
     def points(self, setting: Setting) -> list[PolicySpec]:
         """One eval policy per knob value, labelled `label`."""
@@ -86,7 +89,7 @@ def _value(text: str):
 
 
 def parse_sweep(text: str) -> Sweep:
-    """``name[:knob=v1,v2,...][:key=value...]``; a bare ``name`` takes its `DEFAULT_SWEEPS` grid."""
+    """``name[:knob=v1,v2,...][:key=value...][:curve=TITLE]``; a bare ``name`` takes its `DEFAULT_SWEEPS` grid."""
     from tracelock.policies import POLICIES
 
     name, *pairs = [t.strip() for t in text.strip().split(":")]
@@ -96,12 +99,15 @@ def parse_sweep(text: str) -> Sweep:
     if name in PER_STEP_POLICIES:
         accepted.add("per_step")
     accepted |= {"schedule", "cache", "refresh_every", "refresh_shift"}  # the runner's (see runner.RUNNER_KEYS)
-    knob, values, fixed = None, None, {}
+    knob, values, fixed, title = None, None, {}, None
     for pair in pairs:
         key, eq, value = pair.partition("=")
         if not eq or not key:
             raise ValueError(f"--sweep {text!r}: {pair!r} must look like key=value or knob=v1,v2,... "
                              "(e.g. threshold:tau=0.5,0.7,0.9)")
+        if key == "curve":
+            title = value
+            continue
         if key not in accepted:
             raise ValueError(f"--sweep {text!r}: {name} has no knob or argument {key!r}; choose from "
                              f"{', '.join(sorted(accepted))}")
@@ -121,7 +127,7 @@ def parse_sweep(text: str) -> Sweep:
         raise ValueError(f"--sweep {text!r} sweeps {knob} over no values; give at least one")
     if knob == "per_step" and not all(isinstance(v, int) and v >= 1 for v in values):
         raise ValueError(f"--sweep {text!r}: per_step (tokens per step) takes whole numbers >= 1")
-    return Sweep(name, knob, values, fixed)
+    return Sweep(name, knob, values, fixed, title)
 
 
 def steps_at_accuracy(points: list, target: float) -> float | None:
@@ -304,7 +310,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--settings", default="64/16", help="GEN/WIDTH comma-separated (default: 64/16)")
     p.add_argument("--sweep", action="append", default=[], metavar="NAME[:KNOB=V1,V2,...][:KEY=VALUE...]",
                    help="a policy and the values of its knob, repeatable, e.g. --sweep threshold:tau=0.7,0.9 "
-                        "--sweep confidence:per_step=1,2,4; a bare name takes its default grid: " +
+                        "--sweep confidence:per_step=1,2,4; curve=TITLE names the curve (two sweeps of one policy, "
+                        "e.g. two controllers); a bare name takes its default grid: " +
                         "; ".join(f"{n} {k}={','.join(map(str, v))}" for n, (k, v) in DEFAULT_SWEEPS.items()))
     p.add_argument("--tolerance", type=float, default=0.01,
                    help="the reference accuracy is the one-per-step rule's minus this (default: 0.01, one point)")
