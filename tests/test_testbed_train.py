@@ -83,6 +83,9 @@ def test_ar_warmup_switches_objective_and_resumes_across_the_switch(trained, tmp
     # each phase gets its own warm-up and cosine decay: the schedule restarts at the switch
     cfg = micro_config(tmp_path / "lr", ar_steps=2, warmup=2)
     assert _lr(cfg, 0) == _lr(cfg, 2) == cfg.lr / 2 and _lr(cfg, 1) == _lr(cfg, 3) == cfg.lr
+    # the masked phase may peak lower (masked_lr); the AR phase keeps lr
+    low = micro_config(tmp_path / "lr", ar_steps=2, warmup=2, masked_lr=1e-4)
+    assert _lr(low, 1) == low.lr and _lr(low, 3) == 1e-4
     train(micro_config(tmp_path / "a", ar_steps=2, warmup=1), progress=False)
     out = tmp_path / "b"
     train(micro_config(out, ar_steps=2, warmup=1), progress=False, stop_after=2)  # saved at the switch

@@ -117,7 +117,7 @@ def _add_testbed_train(sub):
                  "vocab_size", "tokenizer_corpus", "warmup", "probe_every", "probe_items", "workers"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None,
                        help=f"default {getattr(defaults, name)}")
-    for name in ("lr", "long_fraction", "block_fraction"):
+    for name in ("lr", "masked_lr", "long_fraction", "block_fraction"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=None,
                        help=f"default {getattr(defaults, name)}")
     p.add_argument("--compile", action="store_true", default=None,

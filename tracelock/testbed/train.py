@@ -84,6 +84,9 @@ class TrainConfig:
     # the weights differ from an eager run's only by float reordering, so a run may switch on resume
     compile: bool = False
     ar_steps: int = 0  # autoregressive warm-up steps at the start of ``steps`` (0: LLaDA's objective throughout)
+    # peak learning rate of the masked phase after an AR phase (None: lr). Lower keeps more of what the AR phase
+    # learnt, as Dream adapted its AR initialisation at a small learning rate
+    masked_lr: float | None = None
     # every probe_every steps (0: never), decode the first probe_items validation items per task (confidence 1/step,
     # gen 64, blocks of 16) and record the accuracies in the run's log; greedy, so the weights are unchanged
     probe_every: int = 0
@@ -226,14 +229,17 @@ def make_optimizer(cfg: TrainConfig, model) -> torch.optim.AdamW:
 
 def _lr(cfg: TrainConfig, step: int) -> float:
     """Linear warm-up then cosine decay to ``min_lr_ratio``; the AR phase and the masked phase each get one."""
+    peak = cfg.lr
     if step < cfg.ar_steps:
         total = cfg.ar_steps
     else:
         step, total = step - cfg.ar_steps, cfg.steps - cfg.ar_steps
+        if cfg.ar_steps and cfg.masked_lr is not None:
+            peak = cfg.masked_lr
     if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
+        return peak * (step + 1) / cfg.warmup
     progress = (step - cfg.warmup) / max(1, total - cfg.warmup)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return peak * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 @torch.no_grad()
