@@ -75,12 +75,12 @@ def test_a_policy_without_its_required_argument_says_which(tiny):
 
 @pytest.mark.parametrize("args, message", [
     ({"tau": "abc"}, "policy 'threshold': tau='abc' is not a number; pass a number, e.g. tau=0.9"),
-    ({"first_token": "yes"}, "first_token='yes' is not true/false"),
+    ({"first_token": "yes"}, "first_token='yes' must be a bool"),
 ])
 def test_a_value_of_the_wrong_kind_is_named_as_such(tiny, args, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(TypeError, match=message):
         decode(tiny, [[5, 6]], policy="threshold", policy_args=args)
-    with pytest.raises(ValueError, match=r"steps=2.5 is not an int"):
+    with pytest.raises(TypeError, match=r"steps=2.5 is not an int"):
         decode(tiny, [[5, 6]], policy_args={"steps": 2.5})
     # out of range stays out of range
     with pytest.raises(ValueError, match=r"tau=1.5 must lie in \(0, 1\]"):

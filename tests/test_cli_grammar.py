@@ -5,9 +5,9 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -16,9 +16,10 @@ from tracelock.cli_common import POLICY_NAMES, HelpFormatter, physical_cores, sp
 
 PARSER = build_parser()
 COMMANDS = sorted(PARSER._subparsers._group_actions[0].choices)
-# `tracelock --help` must stay under 0.5 s; measured ~0.3 s on an idle 2-core AMD EPYC. The bound leaves room for a
-# loaded CI machine, while importing torch (1.3 s alone) would still break it
-HELP_SECONDS = 1.0
+# `tracelock --help` must stay under 0.5 s. Timed as the child's CPU seconds (best of 3), which equal the wall time on
+# an idle machine but do not grow while a loaded CI machine makes it wait for a core: 0.22-0.28 s for every command
+# on the 2-core AMD EPYC, where importing torch alone costs over 1 s
+HELP_CPU_SECONDS = 0.5
 
 
 def _subparser(name):
@@ -39,11 +40,14 @@ def test_building_the_parser_imports_no_torch():
 @pytest.mark.parametrize("command", [None, *COMMANDS])
 def test_help_is_fast_and_shows_every_default(command):
     args = ["--help"] if command is None else [command, "--help"]
-    start = time.perf_counter()
-    done = run_cli(*args, timeout=60)
-    seconds = time.perf_counter() - start
-    assert done.returncode == 0, done.stderr
-    assert seconds < HELP_SECONDS, f"tracelock {' '.join(args)} took {seconds:.2f} s"
+    seconds = []
+    for _ in range(3):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        done = run_cli(*args, timeout=60)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        assert done.returncode == 0, done.stderr
+        seconds.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    assert min(seconds) < HELP_CPU_SECONDS, f"tracelock {' '.join(args)} took {min(seconds):.2f} s of CPU time"
     if command is None:
         return
     formatter = HelpFormatter("tracelock")
@@ -178,3 +182,13 @@ def test_testbed_train_defaults_are_the_shipped_recipe():
     recipe = {k: v for k, v in vars(cfg).items() if k not in machine}
     assert recipe == {k: tuple(v) if isinstance(v, list) else v for k, v in shipped.items() if k not in machine}
     assert all(getattr(args, k) == v for k, v in SHIPPED_RECIPE.items())
+
+
+def test_eval_with_several_tasks_writes_a_run_folder_each(tmp_path):
+    done = run_cli("eval", "--model", "testbed", "--tasks", "testbed:math,code", "--policies", "threshold:tau=0.9",
+                   "--settings", "16/8", "--limit", "2", "--workers", "1", "--out", str(tmp_path / "run"), "--quiet")
+    assert done.returncode == 0, done.stderr
+    for task in ("math", "code"):
+        summary = json.loads((tmp_path / "run" / f"testbed-{task}" / "summary.json").read_text())
+        assert [(r["policy"], r["n"]) for r in summary["rows"]] == [("threshold:tau=0.9", 2)]
+        assert f"testbed:{task}: " in done.stdout and str(tmp_path / "run" / f"testbed-{task}") in done.stdout

@@ -187,11 +187,19 @@ def add_runtime_options(parser) -> None:
 def apply_runtime_options(args) -> None:
     """Set the thread count and the quiet switch for this process and the processes it starts. torch reads
     ``OMP_NUM_THREADS`` when it loads, which the CLI does only inside a command, after this."""
+    if getattr(args, "quiet", False):
+        os.environ[QUIET_ENV] = "1"
     threads = getattr(args, "threads", None)
     if threads is not None or "OMP_NUM_THREADS" not in os.environ:
         n = threads or default_threads()
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(n)
         if "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(n)
-    if getattr(args, "quiet", False):
-        os.environ[QUIET_ENV] = "1"
+        # the default stays the same on a busy machine (a run's numbers should not depend on the load), but say so:
+        # threads that wait for a core made a decode 10x slower on a busy 2-core machine (docs/testbed.md)
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        if not threads and n > 1 and load >= n:
+            from tracelock.progress import status
+
+            status(f"this machine is busy (load average {load:.1f} on {n} cores); if this runs slowly, pass "
+                   "--threads 1")

@@ -91,10 +91,10 @@ def _check_kind(policy: str, name: str, value, param: inspect.Parameter) -> None
     default = "" if param.default in (inspect.Parameter.empty, None) else f", e.g. {name}={param.default}"
     if kinds == {"bool"}:
         if not isinstance(value, bool):
-            raise ValueError(f"policy {policy!r}: {name}={value!r} is not true/false; pass a bool{default}")
+            raise TypeError(f"policy {policy!r}: {name}={value!r} must be a bool, true or false{default}")
         return
     if isinstance(value, bool) or not isinstance(value, int | float):
         what = "an int" if kinds == {"int"} else "a number"
-        raise ValueError(f"policy {policy!r}: {name}={value!r} is not {what}; pass {what}{default}")
+        raise TypeError(f"policy {policy!r}: {name}={value!r} is not {what}; pass {what}{default}")
     if kinds == {"int"} and not isinstance(value, int):
-        raise ValueError(f"policy {policy!r}: {name}={value!r} is not an int; pass a whole number{default}")
+        raise TypeError(f"policy {policy!r}: {name}={value!r} is not an int; pass a whole number{default}")

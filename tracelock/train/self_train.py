@@ -35,9 +35,10 @@ def self_train(model_path, controller, pre_cache, prompts: str, out, *, num=None
     """
     from tracelock.features import load_encoder
     from tracelock.models import load_model
+    from tracelock.progress import progress_bar
     from tracelock.traces.cache import featurize
     from tracelock.traces.collect import collect
-    from tracelock.traces.store import iter_traces
+    from tracelock.traces.store import iter_traces, load_index
     from tracelock.train.controller import TrainConfig, train
 
     out, controller = Path(out), Path(controller)
@@ -56,7 +57,9 @@ def self_train(model_path, controller, pre_cache, prompts: str, out, *, num=None
     say("featurize them with the controller's encoder")
     model = load_model(model_path, device=device)
     encoder = load_encoder(controller, model)
-    featurize(model, encoder, iter_traces(out / "traces"), out / "cache")
+    traces = progress_bar(iter_traces(out / "traces"), total=load_index(out / "traces")["num_traces"],
+                          desc="featurize", unit="trace")
+    featurize(model, encoder, traces, out / "cache")
     say("train from the controller on the mix")
     run = out / "controller"
     config = TrainConfig(cache=str(pre_cache), out=str(run), steps=steps, batch_size=batch_size, lr=lr,
