@@ -224,6 +224,8 @@ def test_demo_cli(trained):
     assert proc.returncode == 0, proc.stderr
     assert "math, gen 16, block 8, 2 held-out items" in proc.stdout
     assert "| random 1/step |" in proc.stdout and "| oracle (of confidence 1/step) |" in proc.stdout
+    # progress: one bar per task on stderr, items of every row (5 baselines and the oracle, 2 items each)
+    assert "math: 100%" in proc.stderr and "12/12" in proc.stderr and "%|" not in proc.stdout
 
 
 def test_demo_method_trains_a_controller_and_the_demo_uses_it(trained, tmp_path):
