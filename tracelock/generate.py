@@ -12,6 +12,7 @@ other commits go through `ops.apply_commits`.
 from functools import partial
 
 from tracelock import ops
+from tracelock.checks import check_decode_inputs, policy_args_for
 from tracelock.decode.loop import run_decode
 
 # what each `impl` of fused_generate runs per op: the ops lack some implementations (the kernels have no C++
@@ -72,6 +73,8 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
         tokens, stats = tracelock.fused_generate(model, ids, policy="threshold", gen_length=64, block=16)
         print(stats.steps)
     """
+    check_decode_inputs(model, input_ids, policy_args)
+    policy_args = policy_args_for(model, policy, policy_args)
     commits_impl, blocks_impl, kernels_impl = _op_impls(impl)
     return run_decode(model, input_ids, policy=policy, gen_length=gen_length, block=block, window=window,
                       policy_args=policy_args, attention_mask=attention_mask, temperature=temperature,

@@ -287,8 +287,10 @@ def format_summary(result: dict) -> str:
 
 
 def _run(args) -> int:
-    sweeps = [parse_sweep(s) for s in args.sweep]
-    result = run_frontier(args.model, [t.strip() for t in args.tasks.split(",") if t.strip()],
+    from tracelock.cli_common import split_tasks
+
+    sweeps = [parse_sweep(s) for s in args.sweep or []]
+    result = run_frontier(args.model, split_tasks(args.tasks),
                           parse_settings(args.settings), sweeps, args.out, split=args.split, limit=args.limit,
                           tolerance=args.tolerance, controller=args.controller, l2p=args.l2p,
                           batch_size=args.batch_size, seed=args.seed, schedule=args.schedule, device=args.device,
@@ -300,30 +302,32 @@ def _run(args) -> int:
 
 
 def add_parsers(sub) -> None:
+    from tracelock.cli_common import add_limit, add_model_dtype, positive_int
+
     p = sub.add_parser("frontier", help="quality against steps along each policy's knob; steps at the reference "
                                         "accuracy (resumable)")
     p.add_argument("--model", required=True, help='checkpoint folder, or "testbed" / "testbed-dream"')
     p.add_argument("--tasks", required=True, help="comma-separated eval task names, e.g. testbed:math,testbed:code")
     p.add_argument("--split", default="test", choices=SPLITS,
                    help="held-out split of the testbed tasks (default: test; choose settings on validation)")
-    p.add_argument("--limit", type=int, help="the first N items of each task (required for testbed tasks)")
+    add_limit(p, help="the first N items of each task (default: all; testbed tasks need it)")
     p.add_argument("--settings", default="64/16", help="GEN/WIDTH comma-separated (default: 64/16)")
-    p.add_argument("--sweep", action="append", default=[], metavar="NAME[:KNOB=V1,V2,...][:KEY=VALUE...]",
+    p.add_argument("--sweep", action="append", default=None, metavar="NAME[:KNOB=V1,V2,...][:KEY=VALUE...]",
                    help="a policy and the values of its knob, repeatable, e.g. --sweep threshold:tau=0.7,0.9 "
                         "--sweep confidence:per_step=1,2,4; curve=TITLE names the curve (two sweeps of one policy, "
                         "e.g. two controllers); a bare name takes its default grid: " +
                         "; ".join(f"{n} {k}={','.join(map(str, v))}" for n, (k, v) in DEFAULT_SWEEPS.items()))
     p.add_argument("--tolerance", type=float, default=0.01,
                    help="the reference accuracy is the one-per-step rule's minus this (default: 0.01, one point)")
-    p.add_argument("--controller", help="a `tracelock train --out` folder, for tracelock sweeps")
-    p.add_argument("--l2p", help="a `tracelock train-l2p --out` folder, for l2p sweeps")
+    p.add_argument("--controller", help="a `tracelock train --out` folder, for tracelock sweeps (default: none; "
+                                         "a sweep may name its own with controller=DIR)")
+    p.add_argument("--l2p", help="a `tracelock train-l2p --out` folder, for l2p sweeps (default: none)")
     p.add_argument("--schedule", default="auto", choices=["auto", "block", "window"],
                    help="auto (default): tracelock in a sliding window of WIDTH, the others in blocks of WIDTH")
-    p.add_argument("--batch-size", type=int, default=32, help="default: 32")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="items decoded together (default: 32)")
     p.add_argument("--seed", type=int, default=0, help="default: 0")
     p.add_argument("--workers", type=int, default=2, help="sandbox processes for code scoring (default: 2)")
-    p.add_argument("--model-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="the backbone's dtype (default: float32)")
+    add_model_dtype(p, old=())
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--out", required=True, help="folder: one eval run per task and setting, frontier.json/csv/png")
     p.set_defaults(func=_run)

@@ -35,7 +35,9 @@ def resolve_path(path) -> Path:
 
 
 def check_dtype(dtype, device) -> None:
-    device = torch.device(device)
+    from tracelock.checks import check_device
+
+    device = check_device(device)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.bfloat16, got {dtype!r}")
     allowed = _SUPPORTED_DTYPES.get(device.type)

@@ -68,8 +68,9 @@ class PolicyResult:
 
 
 def decode(model, tokenizer, items, *, policy, policy_args=None, gen_length, block=None, window=None,
-           batch_size=64, seed=0):
-    """Completions, per-item steps, seconds, and the final canvases [N, P + gen_length] (one layout)."""
+           batch_size=64, seed=0, on_batch=None):
+    """Completions, per-item steps, seconds, and the final canvases [N, P + gen_length] (one layout);
+    ``on_batch(n)``, when given, is called after each batch of ``n`` items (a progress bar's update)."""
     prompts = [encode_prompt(tokenizer, ex.prompt) for ex in items]
     # one left-padded layout for all items, so a reference canvas lines up with any later run's rows
     P = max(map(len, prompts))
@@ -87,6 +88,8 @@ def decode(model, tokenizer, items, *, policy, policy_args=None, gen_length, blo
         canvases.append(tokens)
         steps += stats.steps
         seconds += stats.seconds
+        if on_batch:
+            on_batch(tokens.shape[0])
     canvas = torch.cat(canvases)
     completions = [decode_answer(tokenizer, row[P:].tolist(), model.spec.end_ids) for row in canvas]
     return completions, steps, seconds, canvas
@@ -103,12 +106,12 @@ def score_items(items, completions, workers: int = 2) -> list:
 
 
 def evaluate_policy(model, tokenizer, items, label, policy, policy_args=None, *, gen_length, block=None,
-                    window=None, batch_size=64, workers=2) -> PolicyResult:
+                    window=None, batch_size=64, workers=2, on_batch=None) -> PolicyResult:
     """Decode and score ``items`` with one policy (a name with ``policy_args``, or a per-batch factory);
-    ``workers`` sandbox processes run the code answers' tests."""
+    ``workers`` sandbox processes run the code answers' tests; ``on_batch`` as in `decode`."""
     completions, steps, seconds, canvas = decode(model, tokenizer, items, policy=policy, policy_args=policy_args,
                                                  gen_length=gen_length, block=block, window=window,
-                                                 batch_size=batch_size)
+                                                 batch_size=batch_size, on_batch=on_batch)
     correct = score_items(items, completions, workers=workers)
     return PolicyResult(label, sum(correct) / len(items), sum(steps) / len(items), seconds / len(items), correct,
                         completions, canvas)
@@ -121,9 +124,10 @@ def evaluate_oracle(model, tokenizer, items, reference_label: str, reference_can
 
 
 def evaluate_policies(model, tokenizer, items, *, gen_length, block=None, window=None, policies=None,
-                      oracle=True, batch_size=64, progress=None) -> list:
-    """One `PolicyResult` per policy, plus the oracle of the first row (the family's reference rule) when asked."""
-    settings = dict(gen_length=gen_length, block=block, window=window, batch_size=batch_size)
+                      oracle=True, batch_size=64, progress=None, on_batch=None) -> list:
+    """One `PolicyResult` per policy, plus the oracle of the first row (the family's reference rule) when asked;
+    ``progress(label)`` before each row, ``on_batch`` as in `decode`."""
+    settings = dict(gen_length=gen_length, block=block, window=window, batch_size=batch_size, on_batch=on_batch)
     rows = []
     for label, name, args in policies or baseline_policies(gen_length, model.spec.family):
         if progress:

@@ -29,68 +29,21 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-from tqdm import tqdm
 
 from tracelock.atomic import atomic_write, atomic_write_json
 from tracelock.models.backbone import DiffusionBackbone
 from tracelock.models.loading import load_tokenizer
 from tracelock.models.spec import ModelSpec
+from tracelock.progress import progress_bar
 from tracelock.testbed.model_files import FAMILIES, export_weights, train_tokenizer, write_folder_files
 from tracelock.testbed.tasks import held_out, sample
+from tracelock.testbed.train_config import TrainConfig
 from tracelock.text import encode_prompt
-
-
-@dataclass
-class TrainConfig:
-    out: str
-    family: str = "llada"  # "dream": a Dream-format checkpoint with shifted logits (see the module docstring)
-    seed: int = 0
-    steps: int = 3600
-    batch_size: int = 32
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup: int = 100
-    weight_decay: float = 0.01
-    d_model: int = 256
-    n_layers: int = 6
-    n_heads: int = 4
-    mlp: int = 768
-    vocab_size: int = 1024
-    tokenizer_corpus: int = 20000
-    max_positions: int = 512
-    long_fraction: float = 0.15  # share of batches whose generation region is 128 instead of 64
-    eps: float = 1e-3
-    # share of rows masked the way semi-AR decoding sees them (see `block_mask`); 0 is LLaDA's SFT masking alone
-    block_fraction: float = 0.0
-    block_sizes: tuple = (16, 32)
-    tasks: tuple = ("math", "code")
-    save_every: int = 100
-    # bf16 autocast made a step ~30x slower on the 2-core AMD EPYC used earlier (57 s vs 1.9 s); fp32 is the default
-    bf16: bool = False
-    threads: int = 0  # 0: torch's default
-    # "cuda" trains on the GPU; the masks are drawn on the CPU either way, so both devices see the same data and masks,
-    # but float rounding differs, so a run reproduces its weights only on the device (and --threads) it ran on
-    device: str = "cpu"
-    # processes that build the batches ahead of the training step (0: in the training process); the batches are a
-    # function of (seed, step) either way. Worth it on a GPU, where building a batch costs more than the step
-    workers: int = 0
-    # torch.compile the loss (forward + backward): 1.4-1.9x faster steps on a 2-core Xeon after a ~1 min compile;
-    # the weights differ from an eager run's only by float reordering, so a run may switch on resume
-    compile: bool = False
-    ar_steps: int = 0  # autoregressive warm-up steps at the start of ``steps`` (0: LLaDA's objective throughout)
-    # peak learning rate of the masked phase after an AR phase (None: lr). Lower keeps more of what the AR phase
-    # learnt, as Dream adapted its AR initialisation at a small learning rate
-    masked_lr: float | None = None
-    # every probe_every steps (0: never), decode the first probe_items validation items per task (confidence 1/step,
-    # gen 64, blocks of 16) and record the accuracies in the run's log; greedy, so the weights are unchanged
-    probe_every: int = 0
-    probe_items: int = 100
 
 
 def _weights_config(config: dict) -> dict:
@@ -398,7 +351,8 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
     batches = Batches(cfg, tok, model.spec)
     # dynamic: one graph for every sequence length (prompts and generation regions vary per batch)
     loss_fn = torch.compile(sft_loss, dynamic=True) if cfg.compile else sft_loss
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, unit="step")
+    bar = progress_bar(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, desc="train",
+                       unit="step")
     with _deterministic_algorithms():
         t0, window = time.perf_counter(), []
         stream = batch_stream(batches, start, cfg.steps, cfg.workers, pin_memory=device.type == "cuda")
