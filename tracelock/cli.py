@@ -19,6 +19,7 @@ SUBCOMMAND_MODULES = (
     "tracelock.eval.report",
     "tracelock.eval.cli",
     "tracelock.eval.paper_tables",
+    "tracelock.eval.lm_eval_cli",
 )
 
 

@@ -59,3 +59,9 @@ def read_prompt_rows(path) -> list[dict]:
     if not rows:
         raise ValueError(f"{path} holds no prompts")
     return rows
+
+
+def cut_at_stop(text: str, stop) -> tuple[str, bool]:
+    """``text`` up to (not including) the earliest of the ``stop`` strings, and whether one was found."""
+    cut = min((i for i in (text.find(s) for s in stop or () if s) if i >= 0), default=-1)
+    return (text, False) if cut < 0 else (text[:cut], True)
