@@ -20,6 +20,7 @@ SUBCOMMAND_MODULES = (
     "tracelock.eval.cli",
     "tracelock.eval.paper_tables",
     "tracelock.eval.lm_eval_cli",
+    "tracelock.serve.cli",
 )
 
 

@@ -12,6 +12,13 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list:
     return tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
 
+def encode_text(tokenizer, text: str) -> list:
+    """Token ids of plain text (no chat template) with the tokenizer's special tokens (LLaDA's BOS), unless the text
+    already starts with the BOS token (a prompt rendered by a chat template)."""
+    bos = tokenizer.bos_token
+    return tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
+
+
 def answer_ids(generated: list, end_ids) -> list:
     """The generated ids up to (not including) the first end token."""
     for i, t in enumerate(generated):

@@ -101,9 +101,9 @@ class TraceLockLM(LM):
                                                   add_generation_prompt=add_generation_prompt)
 
     def _encode(self, text: str) -> list:
-        """Token ids of a context; a chat-templated context already starts with the BOS token, so none is added."""
-        bos = self.tokenizer.bos_token
-        return self.tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
+        from tracelock.text import encode_text
+
+        return encode_text(self.tokenizer, text)
 
     def _fit(self, ids: list, room: int) -> list:
         """The last ``room`` tokens of a context too long for the model (lm-eval's HF model truncates the same way)."""
