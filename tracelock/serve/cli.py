@@ -5,6 +5,7 @@ Uvicorn + FastAPI: a maintained ASGI stack whose streaming responses are cancell
 """
 
 import socket
+from pathlib import Path
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -23,17 +24,24 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def build_state(args):
-    """Load the model and tokenizer and make the scheduler and config (everything but the HTTP server)."""
-    import torch
+def _gen_lengths(text: str | None):
+    if text is None:
+        return None
+    try:
+        lengths = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"--gen-lengths {text!r} must be comma-separated positive ints, e.g. 64,128,256")
+    return lengths
 
-    from tracelock.models import load_model, load_tokenizer
-    from tracelock.models.loading import resolve_path
-    from tracelock.serve.app import ServerState
+
+def serve_config(args, max_positions: int):
+    """The `ServeConfig` of the command line (checked before the model loads)."""
     from tracelock.serve.config import ServeConfig, parse_served_policies
-    from tracelock.serve.metrics import Metrics
-    from tracelock.serve.scheduler import Scheduler
 
+    if args.default_max_tokens is None:
+        args.default_max_tokens = min(128, args.max_tokens)
     for name in ("max_batch", "max_tokens", "default_max_tokens", "max_engines"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1")
@@ -41,14 +49,29 @@ def build_state(args):
         raise ValueError(f"--default-max-tokens {args.default_max_tokens} exceeds --max-tokens {args.max_tokens}")
     block = args.block if args.block or args.window else 32
     policies = parse_served_policies(args.policy, block=block, window=args.window, cache=args.cache)
+    name = args.served_model_name or Path(str(args.model)).name
+    return ServeConfig(model_name=name, policies=policies, max_positions=max_positions, max_tokens=args.max_tokens,
+                       default_max_tokens=args.default_max_tokens, max_batch=args.max_batch,
+                       gen_lengths=_gen_lengths(args.gen_lengths))
+
+
+def build_state(args):
+    """Load the model and tokenizer and make the scheduler and config (everything but the HTTP server)."""
+    import torch
+
+    from tracelock.models import load_model, load_tokenizer
+    from tracelock.models.loading import resolve_path
+    from tracelock.models.spec import ModelSpec
+    from tracelock.serve.app import ServerState
+    from tracelock.serve.metrics import Metrics
+    from tracelock.serve.scheduler import Scheduler
+
+    serve_config(args, ModelSpec.from_pretrained(resolve_path(args.model)).max_positions)  # bad options: fail now
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(args.model, dtype=getattr(torch, args.model_dtype), device=args.device)
     tokenizer = load_tokenizer(args.model)
-    name = args.served_model_name or (args.model if str(args.model) == "testbed" else resolve_path(args.model).name)
-    config = ServeConfig(model_name=name, policies=policies, max_positions=model.spec.max_positions,
-                         max_tokens=args.max_tokens, default_max_tokens=args.default_max_tokens,
-                         max_batch=args.max_batch)
+    config = serve_config(args, model.spec.max_positions)
     metrics = Metrics(args.max_batch)
     scheduler = Scheduler(model, tokenizer, max_batch=args.max_batch, metrics=metrics, controller=args.controller,
                           l2p=args.l2p, compile=args.compile, max_engines=args.max_engines)
@@ -97,8 +120,12 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-batch", type=int, default=16,
                    help="rows decoding at once over every decode setting together; more requests wait (default 16)")
     p.add_argument("--max-tokens", type=int, default=256, help="the largest max_tokens a request may ask (default 256)")
-    p.add_argument("--default-max-tokens", type=int, default=128,
-                   help="max_tokens of a request that sends none (default 128)")
+    p.add_argument("--default-max-tokens", type=int,
+                   help="max_tokens of a request that sends none (default: 128, or --max-tokens if lower)")
+    p.add_argument("--gen-lengths",
+                   help="comma-separated generation lengths engines run, e.g. 64,256: a request's max_tokens maps to "
+                        "the shortest that holds it (default: max_tokens rounded up to a multiple of the block / "
+                        "window). Fewer lengths, fuller batches")
     p.add_argument("--max-engines", type=int, default=8,
                    help="decode engines kept (one per policy, generation length, temperature and prompt bucket in "
                         "use); idle ones are dropped beyond it (default 8)")

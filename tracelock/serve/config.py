@@ -3,8 +3,9 @@
 
 A decode engine runs one setting for all its rows (`DecodeSetting`: policy, generation length, temperature, seed), so
 a request is served by the engine of its setting. ``max_tokens`` is rounded up to a multiple of the schedule's width
-(the block, or the window) and the response's usage says which ``gen_length`` decoded it; the answer itself is cut
-to ``max_tokens`` tokens.
+(the block, or the window), or with ``--gen-lengths`` to the shortest listed length that holds it (fewer settings,
+so fuller batches), and the response's usage says which ``gen_length`` decoded it; the answer itself is cut to
+``max_tokens`` tokens (a row leaves the batch as soon as a token past them is committed).
 """
 
 from dataclasses import dataclass, field
@@ -81,10 +82,24 @@ class ServeConfig:
     max_tokens: int = 256  # the largest max_tokens a request may ask for
     default_max_tokens: int = 128  # a request without max_tokens
     max_batch: int = 16
+    gen_lengths: tuple | None = None  # the only generation lengths engines run; None: every multiple of the width
     by_label: dict = field(init=False, repr=False)
 
     def __post_init__(self):
+        from tracelock.decode.schedule import validate_schedule
+
         self.by_label = {p.label: p for p in self.policies}
+        if self.gen_lengths is not None:
+            self.gen_lengths = tuple(sorted(set(self.gen_lengths)))
+            if self.max_tokens > self.gen_lengths[-1]:
+                raise ValueError(f"--max-tokens {self.max_tokens} is more than the longest --gen-lengths "
+                                 f"{self.gen_lengths[-1]}; lower it or add a longer generation length")
+            for p in self.policies:
+                for g in self.gen_lengths:
+                    try:
+                        validate_schedule(g, p.decode.get("block"), p.decode.get("window"))
+                    except ValueError as err:
+                        raise ValueError(f"--gen-lengths {g} does not suit policy {p.label}: {err}") from None
 
     def policy(self, requested: str | None) -> ServedPolicy:
         """The allowed policy a request names (its label, or its bare name when one allowed policy has that name);
@@ -100,8 +115,9 @@ class ServeConfig:
                             f"{', '.join(self.by_label)}", "policy")
 
     def gen_length(self, policy: ServedPolicy, max_tokens: int | None, param: str = "max_tokens") -> tuple:
-        """(max_tokens, gen_length): the request's cap on the answer and the generation length that decodes it,
-        ``max_tokens`` rounded up to a multiple of the policy's block / window width."""
+        """(max_tokens, gen_length): the request's cap on the answer and the generation length that decodes it:
+        the shortest of ``gen_lengths`` that holds ``max_tokens``, else ``max_tokens`` rounded up to a multiple of
+        the policy's block / window width."""
         if max_tokens is None:
             max_tokens = self.default_max_tokens
         if max_tokens < 1:
@@ -109,6 +125,8 @@ class ServeConfig:
         if max_tokens > self.max_tokens:
             raise APIError(400, f"{param}={max_tokens} is more than this server allows ({self.max_tokens}); "
                                 f"ask for at most {self.max_tokens}", param)
+        if self.gen_lengths is not None:
+            return max_tokens, next(g for g in self.gen_lengths if g >= max_tokens)
         width = policy.width
         return max_tokens, -(-max_tokens // width) * width
 
