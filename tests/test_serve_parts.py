@@ -73,8 +73,8 @@ def test_policies_and_max_tokens():
         assert err.value.param == param
     with pytest.raises(APIError, match="more than this server allows"):
         cfg.gen_length(policies[0], 65)
-    with pytest.raises(ValueError, match="oracle"):
-        parse_served_policies("oracle", block=16, window=None, cache=None)
+    with pytest.raises(ValueError, match="--policy: oracle"):
+        parse_served_policies("confidence,oracle", block=16, window=None, cache=None)
     with pytest.raises(ValueError, match="refresh_shift"):
         parse_served_policies("threshold:cache=dual:refresh_shift=2", block=16, window=None, cache=None)
 
@@ -104,3 +104,18 @@ def test_prometheus_text():
     assert 'tracelock_step_seconds_bucket{le="0.005"} 1' in text and 'le="+Inf"} 2' in text
     assert "tracelock_row_steps_total 4" in text and "tracelock_batch_occupancy 0.5" in text
     assert all(line.startswith(("# HELP", "# TYPE", "tracelock_")) for line in text.splitlines())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--policy", "threshold,oracle"], "--policy: oracle replays reference tokens and cannot be served"),
+    (["--policy", "threshold:tau=0.9:schedule=full"], "set the schedule with block=N or window=N"),
+    (["--policy", "tracelock"], "controller"),
+    (["--gen-lengths", "64", "--max-tokens", "128"], "--max-tokens 128 is more than the longest --gen-lengths 64"),
+    (["--gen-lengths", "48", "--block", "32", "--max-tokens", "48"], "does not suit policy"),
+    (["--max-batch", "0"], "--max-batch 0 must be >= 1"),
+])
+def test_serve_refuses_bad_options_before_listening(capsys, args, message):
+    from tracelock.cli import main
+
+    assert main(["serve", "--model", "testbed", "--port", "0", *args]) == 2
+    assert message in capsys.readouterr().err

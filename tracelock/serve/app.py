@@ -14,7 +14,6 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
-from functools import partial
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -81,6 +80,16 @@ COMPLETIONS = _Endpoint("completions", CompletionRequest, "text_completion", "te
 CHAT = _Endpoint("chat", ChatRequest, "chat.completion", "chat.completion.chunk", "chatcmpl-")
 
 
+def _emitter(loop, queue):
+    """What the decode thread calls with a request's events: a thread-safe put into its queue."""
+    def emit(event):
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+        except RuntimeError:  # the event loop has closed (the server is shutting down): nobody is waiting
+            pass
+    return emit
+
+
 async def _disconnected(request: Request) -> None:
     """Returns when the client has gone away (the body is read, so the next message is the disconnect)."""
     while (await request.receive())["type"] != "http.disconnect":
@@ -121,7 +130,7 @@ def create_app(state: ServerState) -> FastAPI:
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         sub = Submission(prompt=prompt, setting=config.setting(policy, gen_length, req.temperature, req.seed),
                          policy=policy, max_tokens=max_tokens, stops=req.stops, stream=req.stream,
-                         emit=partial(loop.call_soon_threadsafe, queue.put_nowait))
+                         emit=_emitter(loop, queue))
         state.scheduler.submit(sub)
         head = dict(id=endpoint.id_prefix + sub.id, created=int(time.time()), model=config.model_name)
         if req.stream:

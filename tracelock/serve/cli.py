@@ -59,6 +59,7 @@ def build_state(args):
     """Load the model and tokenizer and make the scheduler and config (everything but the HTTP server)."""
     import torch
 
+    from tracelock.eval.runner import PolicySpec, build_policy
     from tracelock.models import load_model, load_tokenizer
     from tracelock.models.loading import resolve_path
     from tracelock.models.spec import ModelSpec
@@ -72,6 +73,8 @@ def build_state(args):
     model = load_model(args.model, dtype=getattr(torch, args.model_dtype), device=args.device)
     tokenizer = load_tokenizer(args.model)
     config = serve_config(args, model.spec.max_positions)
+    for p in config.policies:  # a policy that cannot be built (e.g. tracelock without --controller) fails now
+        build_policy(PolicySpec(p.label, p.name, p.args), model, controller=args.controller, l2p=args.l2p)
     metrics = Metrics(args.max_batch)
     scheduler = Scheduler(model, tokenizer, max_batch=args.max_batch, metrics=metrics, controller=args.controller,
                           l2p=args.l2p, compile=args.compile, max_engines=args.max_engines)

@@ -49,8 +49,12 @@ def parse_served_policies(text: str, *, block: int | None, window: int | None, c
     from tracelock.decode.kv_cache import validate_cache
     from tracelock.eval.runner import parse_policies
 
+    try:
+        specs = parse_policies(text)
+    except ValueError as err:  # its messages name eval's --policies
+        raise ValueError(str(err).replace("--policies", "--policy")) from None
     served = []
-    for spec in parse_policies(text):
+    for spec in specs:
         if spec.name == "oracle":
             raise ValueError("--policy: oracle replays reference tokens and cannot be served")
         if "schedule" in spec.args:

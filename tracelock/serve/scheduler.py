@@ -184,7 +184,11 @@ class Scheduler:
         running, kept = self._running(), deque()
         while self._waiting:
             sub = self._waiting.popleft()
-            lane = self._lane(sub) if running < self.max_batch else None
+            try:
+                lane = self._lane(sub) if running < self.max_batch else None
+            except Exception as err:  # an engine or policy that cannot be built fails its request, not the thread
+                sub.emit(("error", APIError(500, f"cannot decode this request: {err}", type="server_error")))
+                continue
             if lane is None:
                 kept.append(sub)
                 continue
