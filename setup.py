@@ -134,8 +134,8 @@ setup(
     },
     entry_points={
         "console_scripts": ["tracelock=tracelock.cli:main"],
-        # lm-eval's model plugin group: `lm_eval --model tracelock` where lm-eval reads it, `tracelock lm-eval`
-        # (lm-eval's own CLI with this group registered first) everywhere else
+        # lm-eval's model plugin group: `tracelock lm-eval` is lm-eval's own CLI with this group registered first
+        # (lm-eval 0.4.13 does not read it by itself)
         "lm_eval.models": ["tracelock=tracelock.eval.lm_eval_model:TraceLockLM"],
     },
     ext_modules=ext_modules,

@@ -179,6 +179,15 @@ def test_batch_invariance_under_continuous_batching(base_url, client, testbed, p
     assert after["tracelock_requests_running"] == after["tracelock_requests_waiting"] == 0
 
 
+def test_sampling(client, prompts):
+    """temperature > 0 samples (its own engine, seeded by the request's seed); alone, the same request draws the
+    same answer again."""
+    replies = [chat(client, prompts[3], max_tokens=32, temperature=1.5, seed=7) for _ in range(2)]
+    greedy = chat(client, prompts[3], max_tokens=32)
+    assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
+    assert replies[0].choices[0].message.content != greedy.choices[0].message.content
+
+
 def _error(exc) -> dict:
     return exc.value.body if isinstance(exc.value.body, dict) else json.loads(exc.value.body)
 

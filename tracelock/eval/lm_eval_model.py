@@ -4,9 +4,9 @@
         --model_args pretrained=PATH,policy=threshold,tau=0.9,gen_length=256,block=32,cache=dual \\
         --tasks gsm8k --batch_size 32
 
-It is registered through the ``lm_eval.models`` entry point of this package (setup.py), which lm-eval releases
-with plugin discovery read by themselves; ``tracelock lm-eval ...`` is lm-eval's own command line with that entry
-point registered first, for releases without it (0.4.13). Nothing of lm-eval is patched or copied.
+It is declared as an entry point of this package in the ``lm_eval.models`` group (setup.py). ``tracelock lm-eval
+...`` is lm-eval's own command line with that group registered first, for releases that do not discover model plugins
+themselves (0.4.13, the current one; upstream has merged such discovery). Nothing of lm-eval is patched or copied.
 
 ``--model_args``: ``pretrained`` (a checkpoint folder or ``testbed``), ``policy`` (a name of
 ``tracelock.policies.POLICIES``), ``gen_length``, ``block`` or ``window`` (default ``block=32``), ``cache``

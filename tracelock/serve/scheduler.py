@@ -192,6 +192,8 @@ class Scheduler:
             if lane is None:
                 kept.append(sub)
                 continue
+            if not lane.rows:  # an idle engine starts afresh: a sampled request alone draws as it did before
+                lane.engine.reset()
             try:
                 sub.slot = lane.engine.admit(sub.prompt)
             except ValueError as err:  # the handler checks prompts first; this is the engine's word on the rest
