@@ -8,7 +8,8 @@ requests (held-out testbed math and code items alternating, ``max_tokens`` cycli
 the `openai` client: once from one client, one at a time, and once from ``--clients`` clients, each sending its next
 request when its last one is answered. Every answer of both phases must equal its offline decode (else exit 1).
 Reported per phase: generated tokens/s (completion tokens / wall time), request latency p50 / p99 (nearest rank),
-and the server's mean rows per decode step (from /metrics). The two phases run in one invocation on one server, so
+and from the server's /metrics the mean rows and milliseconds per decode step and the share of the wall time the
+decode thread spent stepping. The two phases run in one invocation on one server, so
 their ratio is measured under the same conditions.
 """
 
@@ -92,11 +93,12 @@ def run_phase(client, requests: list, clients: int, base_url: str) -> dict:
         answers[i] = (reply.choices[0].message.content, reply.choices[0].model_extra["token_ids"])
         latencies.append(seconds)
         tokens += reply.usage.completion_tokens
-    steps = after["tracelock_decode_steps_total"] - before["tracelock_decode_steps_total"]
-    rows = after["tracelock_row_steps_total"] - before["tracelock_row_steps_total"]
+    steps, rows, busy = (after[f"tracelock_{k}"] - before[f"tracelock_{k}"]
+                         for k in ("decode_steps_total", "row_steps_total", "step_seconds_sum"))
     return answers, dict(clients=clients, requests=len(requests), seconds=wall, completion_tokens=tokens,
                          tokens_per_second=tokens / wall, latency_p50=percentile(latencies, 50),
-                         latency_p99=percentile(latencies, 99), decode_steps=steps, rows_per_step=rows / steps)
+                         latency_p99=percentile(latencies, 99), decode_steps=steps, rows_per_step=rows / steps,
+                         step_seconds=busy, ms_per_step=1000 * busy / steps)
 
 
 def main(argv=None) -> int:
@@ -140,12 +142,13 @@ def main(argv=None) -> int:
     print(f"tracelock serve {args.server_args}\n{args.requests} requests, max_tokens {args.max_tokens}; "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           "server decode thread 1 torch thread\n")
-    print("| phase | tokens/s | p50 latency | p99 latency | rows per step | answers equal to offline |")
-    print("|---|---|---|---|---|---|")
+    print("| phase | tokens/s | p50 latency | p99 latency | rows per step | ms per step | decode thread busy | "
+          "answers equal to offline |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, f in phases.items():
         print(f"| {name} | {f['tokens_per_second']:.0f} | {f['latency_p50'] * 1000:.0f} ms | "
-              f"{f['latency_p99'] * 1000:.0f} ms | {f['rows_per_step']:.2f} | "
-              f"{f['equal_to_offline']}/{f['requests']} |")
+              f"{f['latency_p99'] * 1000:.0f} ms | {f['rows_per_step']:.2f} | {f['ms_per_step']:.1f} | "
+              f"{100 * f['step_seconds'] / f['seconds']:.0f}% | {f['equal_to_offline']}/{f['requests']} |")
     print(f"\nthroughput {args.clients} clients / one at a time: {ratio:.2f}x")
     if args.out:
         from tracelock.atomic import atomic_write_json

@@ -3,8 +3,8 @@ and free between steps.
 
 A `tracelock.decode.engine.DecodeEngine` runs one decode setting for a fixed set of slots; a row decodes in it
 exactly as `fused_generate` decodes its prompt alone. The scheduler keeps one engine (a *lane*) per decode setting
-and prompt bucket in use (`DecodeSetting`: policy, generation length, temperature, seed), and one thread steps
-them all:
+and prompt bucket in use (`DecodeSetting`: policy, generation length, temperature, seed; `lane_bucket`), and one
+thread steps them all:
 
 1. take new requests and cancellations from the event loop (a lock and a condition, nothing else is shared);
 2. admit waiting requests, oldest first, into a free slot of their lane while fewer than ``max_batch`` rows run in
@@ -26,6 +26,18 @@ from dataclasses import dataclass, field
 from tracelock.serve.config import DecodeSetting, ServedPolicy
 from tracelock.serve.protocol import APIError
 from tracelock.serve.stream import Answer, TextStream
+
+
+def lane_bucket(prompt_len: int, gen_length: int, max_positions: int) -> int:
+    """The prompt bucket of a request's lane: its length rounded up to a power of two (at least 32), then to the
+    engine's own bucket (`prompt_bucket`), at most what fits beside ``gen_length``. Coarser than the engine's buckets
+    (multiples of 16 up to 128) on purpose: prompts of mixed lengths then share an engine and its batch, which saves
+    more steps than the extra padding costs."""
+    from tracelock.decode.engine import prompt_bucket
+
+    room = max_positions - gen_length
+    return prompt_bucket(min(max(32, 1 << (prompt_len - 1).bit_length()), max(room, prompt_len)), gen_length,
+                         max_positions)
 
 
 @dataclass
@@ -154,11 +166,11 @@ class Scheduler:
     def _lane(self, sub: Submission):
         """The lane of a submission's setting and prompt bucket, made (dropping an idle one when at
         ``max_engines``) if needed; None when every lane is busy and no other may be made."""
-        from tracelock.decode.engine import DecodeEngine, prompt_bucket
+        from tracelock.decode.engine import DecodeEngine
         from tracelock.eval.runner import PolicySpec, build_policy
 
         setting = sub.setting
-        bucket = prompt_bucket(len(sub.prompt), setting.gen_length, self.model.spec.max_positions)
+        bucket = lane_bucket(len(sub.prompt), setting.gen_length, self.model.spec.max_positions)
         key = (setting, bucket)
         if key in self._lanes:
             self._lanes.move_to_end(key)
@@ -223,8 +235,9 @@ class Scheduler:
             lane.rows.clear()
             return
         self.metrics.observe_step(time.perf_counter() - start, len(lane.rows))
+        finished = set(engine.finished_slots())  # one device read for every slot
         for slot, sub in list(lane.rows.items()):
-            if engine.finished(slot):
+            if slot in finished:
                 self._finish(lane, slot, sub)
             elif sub.watches_prefix:
                 delta = sub.text.update(engine.prefix(slot))
