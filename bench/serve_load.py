@@ -2,15 +2,16 @@
 
     python bench/serve_load.py --requests 64 --clients 16 --out bench/results/serve-load-<machine>-<date>.json
 
-Starts the server (the bundled testbed model unless ``--server-args`` says otherwise) in a child process, decodes
+Starts the server (the bundled testbed model, options from ``--server-args``) in a child process, decodes
 every request offline first (`tracelock.generate_many`, whose rows do not depend on their batch), then sends the
 requests (held-out testbed math and code items alternating, ``max_tokens`` cycling through ``--max-tokens``) with
 the `openai` client: once from one client, one at a time, and once from ``--clients`` clients, each sending its next
 request when its last one is answered. Every answer of both phases must equal its offline decode (else exit 1).
 Reported per phase: generated tokens/s (completion tokens / wall time), request latency p50 / p99 (nearest rank),
-and from the server's /metrics the mean rows and milliseconds per decode step and the share of the wall time the
-decode thread spent stepping. The two phases run in one invocation on one server, so
-their ratio is measured under the same conditions.
+and from the server's /metrics the mean rows and milliseconds per decode step, the share of the wall time the
+decode thread spent stepping, and tokens per CPU-second of the decode thread's steps (on a shared machine the wall
+clock also measures the other jobs; the thread's CPU time measures the decoding alone). The two phases run in one
+invocation on one server, so their ratio is measured under the same conditions.
 """
 
 import argparse
@@ -93,12 +94,13 @@ def run_phase(client, requests: list, clients: int, base_url: str) -> dict:
         answers[i] = (reply.choices[0].message.content, reply.choices[0].model_extra["token_ids"])
         latencies.append(seconds)
         tokens += reply.usage.completion_tokens
-    steps, rows, busy = (after[f"tracelock_{k}"] - before[f"tracelock_{k}"]
-                         for k in ("decode_steps_total", "row_steps_total", "step_seconds_sum"))
+    steps, rows, busy, cpu = (after[f"tracelock_{k}"] - before[f"tracelock_{k}"] for k in (
+        "decode_steps_total", "row_steps_total", "step_seconds_sum", "step_cpu_seconds_total"))
     return answers, dict(clients=clients, requests=len(requests), seconds=wall, completion_tokens=tokens,
                          tokens_per_second=tokens / wall, latency_p50=percentile(latencies, 50),
                          latency_p99=percentile(latencies, 99), decode_steps=steps, rows_per_step=rows / steps,
-                         step_seconds=busy, ms_per_step=1000 * busy / steps)
+                         step_seconds=busy, ms_per_step=1000 * busy / steps, step_cpu_seconds=cpu,
+                         tokens_per_step_cpu_second=tokens / cpu)
 
 
 def main(argv=None) -> int:
@@ -143,20 +145,23 @@ def main(argv=None) -> int:
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           "server decode thread 1 torch thread\n")
     print("| phase | tokens/s | p50 latency | p99 latency | rows per step | ms per step | decode thread busy | "
-          "answers equal to offline |")
-    print("|---|---|---|---|---|---|---|---|")
+          "tokens per decode CPU-second | answers equal to offline |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, f in phases.items():
         print(f"| {name} | {f['tokens_per_second']:.0f} | {f['latency_p50'] * 1000:.0f} ms | "
               f"{f['latency_p99'] * 1000:.0f} ms | {f['rows_per_step']:.2f} | {f['ms_per_step']:.1f} | "
-              f"{100 * f['step_seconds'] / f['seconds']:.0f}% | {f['equal_to_offline']}/{f['requests']} |")
-    print(f"\nthroughput {args.clients} clients / one at a time: {ratio:.2f}x")
+              f"{100 * f['step_seconds'] / f['seconds']:.0f}% | {f['tokens_per_step_cpu_second']:.0f} | "
+              f"{f['equal_to_offline']}/{f['requests']} |")
+    cpu_ratio = many["tokens_per_step_cpu_second"] / one["tokens_per_step_cpu_second"]
+    print(f"\nthroughput {args.clients} clients / one at a time: {ratio:.2f}x (per decode CPU-second: "
+          f"{cpu_ratio:.2f}x)")
     if args.out:
         from tracelock.atomic import atomic_write_json
 
         atomic_write_json(Path(args.out), dict(
             command="python bench/serve_load.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
             server_args=args.server_args, requests=args.requests, max_tokens=args.max_tokens,
-            offline_seconds=offline_seconds, phases=phases, throughput_ratio=ratio,
+            offline_seconds=offline_seconds, phases=phases, throughput_ratio=ratio, cpu_throughput_ratio=cpu_ratio,
             machine=dict(processor=platform.processor(), cores=os.cpu_count(), torch=torch.__version__,
                          python=platform.python_version()),
             date=time.strftime("%Y-%m-%d")))

@@ -20,6 +20,7 @@ _HELP = {
     "batch_capacity": ("gauge", "Rows the decode thread may run at once (--max-batch)."),
     "batch_occupancy": ("gauge", "requests_running / batch_capacity."),
     "engines": ("gauge", "Decode engines allocated (one per decode setting and prompt bucket in use)."),
+    "step_cpu_seconds_total": ("counter", "CPU time of the decode thread in steps (its own torch threads only)."),
     "step_seconds": ("histogram", "Wall time of one engine step."),
 }
 
@@ -38,7 +39,7 @@ class Metrics:
         self._step_sum = 0.0
         self.set("batch_capacity", capacity)
         for name in ("requests_running", "requests_waiting", "batch_occupancy", "engines", "prompt_tokens_total",
-                     "generated_tokens_total", "decode_steps_total", "row_steps_total"):
+                     "generated_tokens_total", "decode_steps_total", "row_steps_total", "step_cpu_seconds_total"):
             self.set(name, 0)
         self._capacity = capacity
 
@@ -62,8 +63,10 @@ class Metrics:
             self._values[("engines", ())] = engines
             self._values[("batch_occupancy", ())] = running / self._capacity
 
-    def observe_step(self, seconds: float, rows: int) -> None:
+    def observe_step(self, seconds: float, rows: int, cpu_seconds: float = 0.0) -> None:
         with self._lock:
+            key = ("step_cpu_seconds_total", ())
+            self._values[key] = self._values.get(key, 0) + cpu_seconds
             for i, bound in enumerate(STEP_BUCKETS):
                 if seconds <= bound:
                     self._buckets[i] += 1

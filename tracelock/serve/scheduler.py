@@ -225,7 +225,7 @@ class Scheduler:
 
     def _step(self, lane: Lane) -> None:
         engine = lane.engine
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             engine.step()
         except Exception as err:  # e.g. a policy that stopped committing: fail this lane's rows, keep serving
@@ -234,7 +234,7 @@ class Scheduler:
                 sub.emit(("error", APIError(500, f"decoding failed: {err}", type="server_error")))
             lane.rows.clear()
             return
-        self.metrics.observe_step(time.perf_counter() - start, len(lane.rows))
+        self.metrics.observe_step(time.perf_counter() - start, len(lane.rows), time.thread_time() - cpu)
         finished = set(engine.finished_slots())  # one device read for every slot
         for slot, sub in list(lane.rows.items()):
             if slot in finished:
