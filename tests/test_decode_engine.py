@@ -1,6 +1,12 @@
 """The static-shape slot engine (`tracelock.decode.engine`), uncompiled, on real tiny checkpoints: every slot's row is
 `fused_generate` on its prompt alone (tokens, steps, commits per step, refreshes) for every policy, schedule and
-cache, batched and under continuous batching (admit between steps, cancel); one host read per step."""
+cache, batched and under continuous batching (admit between steps, cancel); one host read per step.
+
+``TRACELOCK_TEST_COMPILE_BACKEND=inductor`` (or another torch.compile backend) runs the policy x schedule x cache
+matrix on compiled engines instead (slow: a cold inductor compiles several hundred graphs).
+"""
+
+import os
 
 import pytest
 import torch
@@ -8,51 +14,29 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import tracelock
 from tracelock.decode.engine import DecodeEngine, prompt_bucket, row_bucket
-from tracelock.models import write_tiny_checkpoint
 from tracelock.policies import Policy
 from tracelock.policies.l2p import L2PHiddenPolicy, L2PPolicy
 from tracelock.policies.oracle import OraclePolicy
 from tracelock.policies.tracelock import TraceLockPolicy
-from tracelock.testing import fresh_controller, random_prompts
+from tracelock.testing import (
+    assert_same_decode,
+    decode_on_engine,
+    eos_prone_model,
+    fresh_controller,
+    random_prompts,
+    step_l2p_filter,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 G = 16
+COMPILE_BACKEND = os.environ.get("TRACELOCK_TEST_COMPILE_BACKEND") or None
 SCHEDULES = [({"block": 4}, "block4"), ({"window": 8}, "window8"), ({}, "full")]
 CACHES = [None, "prefix", "dual"]
 
 
-def _eos_prone(path, family):
-    """A peaked tiny model whose end token shadows its most proposed token (as tests/test_l2p.py), so threshold
-    rules commit several per step, rows finish at different steps and Learn2PD's end-of-text cut has work."""
-    m = tracelock.load_model(write_tiny_checkpoint(path, family=family, seed=4))
-    with torch.no_grad():
-        m.lm_head.weight.mul_(20.0)
-        x, _ = tracelock.reference_generate(m, random_prompts(m), policy="confidence", gen_length=G, block=4)
-        values, counts = x[:, -G:].flatten().unique(return_counts=True)
-        m.lm_head.weight[m.spec.eos_id] = m.lm_head.weight[values[counts.argmax()]] * 1.02
-    return m
-
-
 @pytest.fixture(scope="module", params=["llada", "dream"])
 def model(request, tmp_path_factory):
-    return _eos_prone(tmp_path_factory.mktemp(request.param), request.param)
-
-
-def _l2p_filter(model, kind="confidence"):
-    from tracelock.features import backbone_fingerprint
-    from tracelock.l2p.filter import FilterConfig, L2PFilter
-
-    torch.manual_seed(5)
-    features = 1 if kind == "confidence" else 8
-    f = L2PFilter(FilterConfig(block=4, hidden=4, family=model.spec.family, eos_id=model.spec.eos_id,
-                               features=features, backbone=backbone_fingerprint(model)))
-    with torch.no_grad():  # confident slots pass: logit = 40 (c - 0.5)
-        if kind == "confidence":
-            f.net[0].weight.copy_(40 * torch.eye(4))
-            f.net[0].bias.fill_(-20.0)
-            f.net[2].weight.copy_(torch.eye(4))
-            f.net[2].bias.zero_()
-    return f.eval()
+    return eos_prone_model(tmp_path_factory.mktemp(request.param), request.param, G)
 
 
 def policies(model) -> list:
@@ -63,28 +47,10 @@ def policies(model) -> list:
            ("factor", "factor", {"f": 1.0}),
            ("tracelock", TraceLockPolicy(controller, encoder, theta=0.55), {}),
            ("tracelock-cap", TraceLockPolicy(controller, encoder, theta=0.55, cap=2), {}),
-           ("l2p", L2PPolicy(_l2p_filter(model), filter_block=4), {})]
+           ("l2p", L2PPolicy(step_l2p_filter(model), filter_block=4), {})]
     if model.spec.family == "dream":
         out.append(("threshold-first-token", "threshold", {"tau": 0.7, "first_token": True}))
     return out
-
-
-def decode_engine(model, prompts, slots=None, bucket=None, **kw) -> tuple:
-    """Every prompt through one engine (all admitted at once): ([(tokens, stats)] per prompt, engine)."""
-    bucket = bucket or prompt_bucket(max(map(len, prompts)), kw["gen_length"], model.spec.max_positions)
-    engine = DecodeEngine(model, slots=slots or len(prompts), prompt_len=bucket, **kw)
-    got = [engine.admit(p) for p in prompts]
-    while engine.step():
-        pass
-    return [engine.result(s) for s in got], engine
-
-
-def assert_same_row(got, want, label):
-    (tokens, stats), (ref_tokens, ref_stats) = got, want
-    assert torch.equal(tokens, ref_tokens), f"{label}: tokens differ"
-    assert stats.steps == ref_stats.steps, f"{label}: steps {stats.steps} != {ref_stats.steps}"
-    assert stats.commits_per_step == ref_stats.commits_per_step, label
-    assert stats.refreshes == ref_stats.refreshes and stats.gen_lengths == ref_stats.gen_lengths, label
 
 
 @pytest.mark.parametrize("cache", CACHES, ids=["nocache", "prefix", "dual"])
@@ -97,11 +63,12 @@ def test_every_policy_and_schedule_equals_fused_generate(model, cache):
             if "first-token" in label and "block" not in schedule:
                 continue
             kw = dict(policy=policy, policy_args=args, gen_length=G, cache=cache, **schedule)
-            rows, engine = decode_engine(model, prompts, **kw)
+            rows, engine = decode_on_engine(model, prompts, compile=COMPILE_BACKEND is not None,
+                                            backend=COMPILE_BACKEND, **kw)
             batch, batch_stats = tracelock.fused_generate(model, prompts, impl="torch", **kw)
             where = f"{label} {sname} cache={cache}"
             for r, prompt in enumerate(prompts):
-                assert_same_row(rows[r], tracelock.fused_generate(model, [prompt], impl="torch", **kw), where)
+                assert_same_decode(rows[r], tracelock.fused_generate(model, [prompt], impl="torch", **kw), where)
                 assert torch.equal(rows[r][0][0, -G:], batch[r, -G:]) and rows[r][1].steps == [batch_stats.steps[r]]
             assert engine.forwards == batch_stats.forwards, where
 
@@ -110,10 +77,10 @@ def test_rows_finish_at_different_steps_and_l2p_cuts(model):
     """The fixtures make the matrix above meaningful: batch rows take different step counts, and Learn2PD's
     end-of-text prediction truncates a row (its tail masked) in the engine as in the eager loop."""
     prompts = random_prompts(model)
-    rows, _ = decode_engine(model, prompts, policy="threshold", policy_args={"tau": 0.7}, gen_length=G, block=4)
+    rows, _ = decode_on_engine(model, prompts, policy="threshold", policy_args={"tau": 0.7}, gen_length=G, block=4)
     assert len({stats.steps[0] for _, stats in rows}) > 1
-    filt = _l2p_filter(model)
-    rows, _ = decode_engine(model, prompts, policy=L2PPolicy(filt), gen_length=G, block=4)
+    filt = step_l2p_filter(model)
+    rows, _ = decode_on_engine(model, prompts, policy=L2PPolicy(filt), gen_length=G, block=4)
     assert min(stats.gen_lengths[0] for _, stats in rows) < G
 
 
@@ -124,13 +91,13 @@ def test_l2p_hidden_and_raw_taps(model):
     samples = torch.randn(256, model.spec.hidden_size, generator=torch.Generator().manual_seed(0))
     encoder = TapEncoder(LinearEncoder.fit_pca(samples, 2), LinearEncoder.fit_pca(samples, 1),
                          backbone_fingerprint(model))
-    policy = L2PHiddenPolicy(_l2p_filter(model, kind="hidden"), encoder=encoder)
+    policy = L2PHiddenPolicy(step_l2p_filter(model, features=8), encoder=encoder)
     prompts = random_prompts(model)
     for cache in CACHES:
         kw = dict(policy=policy, gen_length=G, block=4, cache=cache)
-        rows, _ = decode_engine(model, prompts, **kw)
+        rows, _ = decode_on_engine(model, prompts, **kw)
         for r, prompt in enumerate(prompts):
-            assert_same_row(rows[r], tracelock.fused_generate(model, [prompt], impl="torch", **kw), f"cache={cache}")
+            assert_same_decode(rows[r], tracelock.fused_generate(model, [prompt], impl="torch", **kw), f"cache={cache}")
 
 
 @pytest.mark.parametrize("kw", [dict(policy="threshold", policy_args={"tau": 0.7}, block=4, cache="dual"),
@@ -155,7 +122,7 @@ def test_continuous_batching(model, kw):
             engine.release(slot)
     assert joined_late and not engine.step()
     for i, prompt in enumerate(prompts):
-        assert_same_row(results[i], tracelock.fused_generate(model, [prompt], impl="torch", **kw), f"prompt {i}")
+        assert_same_decode(results[i], tracelock.fused_generate(model, [prompt], impl="torch", **kw), f"prompt {i}")
 
 
 def test_cancel_frees_the_slot_and_spares_the_others(model):
@@ -170,8 +137,8 @@ def test_cancel_frees_the_slot_and_spares_the_others(model):
     late = engine.admit(prompts[2])  # the freed slot takes a new row at once
     while engine.step():
         pass
-    assert_same_row(engine.result(keep), tracelock.fused_generate(model, [prompts[0]], impl="torch", **kw), "kept")
-    assert_same_row(engine.result(late), tracelock.fused_generate(model, [prompts[2]], impl="torch", **kw), "late")
+    assert_same_decode(engine.result(keep), tracelock.fused_generate(model, [prompts[0]], impl="torch", **kw), "kept")
+    assert_same_decode(engine.result(late), tracelock.fused_generate(model, [prompts[2]], impl="torch", **kw), "late")
 
 
 def test_prefix_grows_left_to_right_up_to_the_end_token(model):
@@ -281,10 +248,10 @@ def test_sampling_runs_uncompiled_and_is_seeded(model):
     prompts = random_prompts(model)
     kw = dict(policy="random", gen_length=G, block=4, temperature=0.8, seed=5)
     with pytest.warns(UserWarning, match="runs its steps uncompiled"):
-        first, engine = decode_engine(model, prompts, compile=True, **kw)
+        first, engine = decode_on_engine(model, prompts, compile=True, **kw)
     assert not engine.compiled
-    again, _ = decode_engine(model, prompts, **kw)
-    other, _ = decode_engine(model, prompts, **dict(kw, seed=6))
+    again, _ = decode_on_engine(model, prompts, **kw)
+    other, _ = decode_on_engine(model, prompts, **dict(kw, seed=6))
     assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again))
     assert not all(torch.equal(a[0], b[0]) for a, b in zip(first, other))
     assert all(not (tokens == model.spec.mask_id).any() for tokens, _ in first)

@@ -24,8 +24,8 @@ row depends on its slot mates (as in `fused_generate`'s batches); they run uncom
 """
 
 import time
+import types
 import warnings
-from contextlib import nullcontext
 from functools import partial
 
 import torch
@@ -89,6 +89,43 @@ def _skip_finished_blocks(state, block_idx, region_step, region_initial, steps, 
     block_idx.copy_(torch.where(moved, new, block_idx))
 
 
+def _own_code(method, *args):
+    """``method`` (bound) with ``args`` as the defaults of its parameters, as a function with a code object of its
+    own, to call without arguments. torch.compile keeps compiled graphs, and counts recompiles against its limit, per
+    code object (a ``functools.partial`` would share its wrapper's): each graph of each engine gets its own, so
+    engines of other settings (or the other row counts of this one) never evict or crowd out this one's graph."""
+    func = method.__func__
+    copy = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__, args or func.__defaults__,
+                              func.__closure__)
+    return types.MethodType(copy, method.__self__)
+
+
+class _CapturedStep:
+    """A step function replayed from a CUDA graph: its first call runs it (on a side stream, as CUDA graph capture
+    wants: lazy device moves and allocator warm-up happen there), its second captures and replays it."""
+
+    def __init__(self, fn, pool):
+        self.fn, self.pool, self.graph, self.out, self.warm = fn, pool, None, None, False
+
+    def __call__(self):
+        if self.graph is None:
+            if not self.warm:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    out = self.fn()
+                torch.cuda.current_stream().wait_stream(side)
+                self.warm = True
+                return out
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.out = self.fn()
+            self.graph = graph
+        # capturing records without running: this call's work is the replay
+        self.graph.replay()
+        return self.out
+
+
 class DecodeEngine:
     """A fixed set of decoding slots over static shapes (see the module docstring).
 
@@ -97,10 +134,11 @@ class DecodeEngine:
         slots (int): batch rows. Default: 1.
         prompt_len (int): the prompt bucket: every prompt is left-padded to this length; longer ones are refused.
             Use `prompt_bucket` to pick it. Default: 64.
-        compile (bool): run the graphs through ``torch.compile(fullgraph=True)`` (CUDA graphs on CUDA). Sampling
-            and stochastic policies cannot (their draws come from a ``torch.Generator``): they warn and run
-            uncompiled. Default: False.
-        backend (str, optional): the torch.compile backend. Default: inductor.
+        compile (bool | str): True runs the graphs through ``torch.compile(fullgraph=True)`` (inductor; on CUDA
+            with CUDA graphs, ``mode="reduce-overhead"``); "cudagraphs" (CUDA only) captures the uncompiled step
+            functions as CUDA graphs, no compile time. Sampling and stochastic policies cannot (their draws come from
+            a ``torch.Generator``): they warn and run uncompiled. Default: False.
+        backend (str | callable, optional): the torch.compile backend with ``compile=True``. Default: inductor.
         Everything else is `fused_generate`'s, fixed for every slot of the engine (``cfg_scale`` is not supported;
         ``observer`` neither: use `fused_generate`).
 
@@ -161,6 +199,7 @@ class DecodeEngine:
         self._started = [0.0] * slots
         self._prompts = [None] * slots
         self._steps = 0
+        self.last_step = (0, 0, 0)
         self._compile(compile, backend)
 
     # ---- setup --------------------------------------------------------------------------------------------------
@@ -233,26 +272,37 @@ class DecodeEngine:
             self.stored_taps = None if self.taps is None else tuple(torch.zeros_like(t) for t in self.taps)
 
     def _compile(self, compile, backend):
-        self.compiled = bool(compile) and not self.stochastic
+        if compile not in (False, True, "cudagraphs"):
+            raise ValueError(f"compile={compile!r} must be False, True (torch.compile) or 'cudagraphs' (CUDA graphs "
+                             "of the uncompiled step, captured at once)")
+        if compile == "cudagraphs" and self.device.type != "cuda":
+            raise ValueError("compile='cudagraphs' captures CUDA graphs and needs a model on CUDA; on a CPU use "
+                             "compile=True (torch.compile)")
         if compile and self.stochastic:
             warnings.warn("compile=True: sampling (temperature > 0) and stochastic policies draw from a "
                           "torch.Generator, which a compiled graph cannot take; this engine runs its steps uncompiled",
                           stacklevel=3)
-        self._prepare = self._prepare_impl
-        self._finish = self._finish_impl
-        self._forward_fns = {}
-        if not self.compiled:
-            return
-        backend = backend or "inductor"
-        # CUDA graphs on CUDA: a step's kernels replay without a launch each
-        mode = "reduce-overhead" if self.device.type == "cuda" and backend == "inductor" else None
-        self._compile_fn = partial(torch.compile, fullgraph=True, dynamic=False, mode=mode, backend=backend)
-        if self.device.type == "cuda":
+            compile = False
+        self.compile_mode, self.compiled = compile, bool(compile)
+        # the step functions, each called without arguments: ``wrap(method, *args)``
+        if compile is True:
+            backend = backend or "inductor"
+            # CUDA graphs on CUDA: a step's kernels replay without a launch each
+            mode = "reduce-overhead" if self.device.type == "cuda" and backend == "inductor" else None
+            compile_fn = partial(torch.compile, fullgraph=True, dynamic=False, mode=mode, backend=backend)
+            self._wrap = lambda method, *args: compile_fn(_own_code(method, *args))
+        elif compile == "cudagraphs":
+            pool = torch.cuda.graph_pool_handle()
+            self._wrap = lambda method, *args: _CapturedStep(partial(method, *args), pool)
+        else:
+            self._wrap = partial
+        if self.device.type == "cuda" and compile is True:
             # CUDA graphs replay fixed addresses: the engine's state must stay where it is
             for t in self._state_tensors():
                 torch._dynamo.mark_static_address(t)
-        self._prepare = self._compile_fn(self._prepare_impl)
-        self._finish = self._compile_fn(self._finish_impl)
+        self._forward_fns = {}
+        self._prepare = self._wrap(self._prepare_impl)
+        self._finish = self._wrap(self._finish_impl, self.generator if self.stochastic else None)
 
     def _state_tensors(self):
         out = [self.x, self.state, self.attention_mask, self.first_active, self.block_idx, self.region_step,
@@ -265,9 +315,9 @@ class DecodeEngine:
     def _forward_fn(self, kind: str, k: int):
         key = kind, k
         if key not in self._forward_fns:
-            fn = partial({"plain": self._forward_plain, "refresh": self._forward_refresh,
-                          "cached": self._forward_cached}[kind], k)
-            self._forward_fns[key] = self._compile_fn(fn) if self.compiled else fn
+            method = {"plain": self._forward_plain, "refresh": self._forward_refresh,
+                      "cached": self._forward_cached}[kind]
+            self._forward_fns[key] = self._wrap(method, k)
         return self._forward_fns[key]
 
     # ---- slots --------------------------------------------------------------------------------------------------
@@ -391,11 +441,12 @@ class DecodeEngine:
         """One decoding step of every live slot. Returns False (and runs nothing) when no slot is live.
 
         The only host read is the packed count of live, refreshing and cached rows."""
-        with torch.no_grad(), self._dynamo_limits():
+        with torch.no_grad():
             packed = self._prepare()
             flags = int(packed)
             mask = (1 << _BITS) - 1
             live, refresh, cached = flags & mask, (flags >> _BITS) & mask, (flags >> 2 * _BITS) & mask
+            self.last_step = live, refresh, cached  # rows that ran, refreshed, took a cached step
             if live == 0:
                 return False
             self._check_budget()
@@ -408,13 +459,9 @@ class DecodeEngine:
                 if cached:
                     self._forward_fn("cached", row_bucket(cached, self.N))()
                 self.forwards += bool(refresh) + bool(cached)
-            self._finish(self.generator if self.stochastic else None)
+            self._finish()
         self._steps += 1
         return True
-
-    def _dynamo_limits(self):
-        # every row bucket is a graph of the same code; engines of other settings add theirs
-        return torch._dynamo.config.patch(recompile_limit=64) if self.compiled else nullcontext()
 
     def _check_budget(self):
         """The eager loop's error for a policy that never commits, checked on the host from admission times (the
