@@ -77,7 +77,8 @@ def build_state(args):
         build_policy(PolicySpec(p.label, p.name, p.args), model, controller=args.controller, l2p=args.l2p)
     metrics = Metrics(args.max_batch)
     scheduler = Scheduler(model, tokenizer, max_batch=args.max_batch, metrics=metrics, controller=args.controller,
-                          l2p=args.l2p, compile=args.compile, max_engines=args.max_engines)
+                          l2p=args.l2p, compile={None: False, "inductor": True}.get(args.compile, args.compile),
+                          max_engines=args.max_engines)
     return ServerState(config=config, tokenizer=tokenizer, scheduler=scheduler, metrics=metrics,
                        mask_id=model.spec.mask_id)
 
@@ -134,8 +135,10 @@ def add_parsers(sub) -> None:
                         "use); idle ones are dropped beyond it (default 8)")
     p.add_argument("--model-dtype", default="float32", choices=DTYPES, help="backbone dtype (default float32)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
-    p.add_argument("--compile", action="store_true", help="compile the decode steps (torch.compile; CUDA graphs on "
-                                                          "CUDA); the first requests of each setting wait for it")
+    p.add_argument("--compile", nargs="?", const="inductor", choices=["inductor", "cudagraphs"],
+                   help="compile the decode steps: inductor (torch.compile; with CUDA graphs on CUDA) or cudagraphs "
+                        "(CUDA only: the eager steps captured as CUDA graphs, no compile time); the first requests of "
+                        "each setting and row count wait for it (default: eager; --compile alone: inductor)")
     p.add_argument("--threads", type=int, help="torch threads of the decode thread (default: torch's)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default 8000)")

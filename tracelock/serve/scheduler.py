@@ -90,7 +90,7 @@ class Scheduler:
         max_batch (int): rows decoding at once, over all lanes.
         metrics (tracelock.serve.metrics.Metrics): updated by the decode thread.
         controller, l2p: TraceLock's controller folder and Learn2PD's filters, for those policies.
-        compile (bool): compile the engines' steps (`DecodeEngine`'s ``compile``).
+        compile (bool | str): `DecodeEngine`'s ``compile``: False, True (torch.compile) or "cudagraphs".
         max_engines (int): lanes kept at most (idle ones are dropped first). Default: 8.
     """
 
