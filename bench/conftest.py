@@ -16,6 +16,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -24,6 +25,7 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).parent))  # the benchmarks' helper modules (peers.py)
 
 QUICK_CONTROLLER = dict(traces=8, steps=20, batch_size=16)  # bump the cache key below when this changes
 QUICK_VERSION = 1
@@ -55,6 +57,9 @@ def pytest_addoption(parser):
     group.addoption("--device", default=None, help="cpu or cuda (default: cuda when available)")
     group.addoption("--bench-rounds", type=int, default=5,
                     help="timed rounds of each decode and step row, after one warm-up (default 5)")
+    group.addoption("--peer-fastdllm", default=None,
+                    help="a Fast-dLLM checkout (NVlabs/Fast-dLLM) whose own code races tracelock in "
+                         "test_bench_peers.py (default: ../shared/peers/fast-dllm when it exists)")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -273,3 +273,19 @@ def test_policies_that_need_taps_plug_in(model):
     rows = model.spec.output_rows(torch.arange(P + 5))
     for got, ref in zip(first.taps, full):
         assert torch.allclose(got[0], ref[0, rows], atol=1e-5)
+
+
+def test_padded_rows_read_the_taps_they_read_alone(model):
+    """Dream's shift reads row p - 1 for position p; a left-padded row's first real position has padding there, so
+    it reads itself, as position 0 of the row unpadded does (LLaDA has no shift: nothing to check)."""
+    prompt = random_prompts(model)[1]
+    P, pad = len(prompt), 4
+    alone = torch.tensor([prompt])
+    padded = torch.tensor([[model.spec.pad_id] * pad + prompt])
+    mask = torch.tensor([[False] * pad + [True] * P])
+    with torch.no_grad():
+        want = model.predict(alone, torch.arange(P)[None], return_taps=True, tap_positions=torch.arange(P)[None]).taps
+        got = model.predict(padded, pad + torch.arange(P)[None], mask, return_taps=True,
+                            tap_positions=pad + torch.arange(P)[None]).taps
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=0)

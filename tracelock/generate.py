@@ -7,12 +7,16 @@ Greedy steps without CFG hand the backbone forward two ops to run in place of it
 never returned. Sampling and CFG need the logits and take the logits path (raw taps, as the reference). A policy
 whose rule is `ops.commit_step`'s (TraceLock's margin rule) has its step closed by that op on the device; the
 other commits go through `ops.apply_commits`.
+
+``compile=True`` (or ``TRACELOCK_COMPILE=1``) decodes on a `tracelock.decode.engine.DecodeEngine` instead: static
+shapes, one host read per step, the step compiled with ``torch.compile`` (`tracelock.decode.compiled`).
 """
 
 from functools import partial
 
 from tracelock import ops
 from tracelock.checks import check_decode_inputs, policy_args_for
+from tracelock.decode.compiled import compile_requested, eager_reason, generate_compiled, warn_eager
 from tracelock.decode.loop import run_decode
 
 # what each `impl` of fused_generate runs per op: the ops lack some implementations (the kernels have no C++
@@ -35,7 +39,7 @@ def _op_impls(impl: str | None) -> tuple:
 
 def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
                    attention_mask=None, temperature=0.0, cfg_scale=0.0, stop_at_eot=False, idle_steps=False,
-                   seed=0, cache=None, refresh_every=None, refresh_shift=None, impl=None, observer=None):
+                   seed=0, cache=None, refresh_every=None, refresh_shift=None, impl=None, observer=None, compile=None):
     """Decode ``gen_length`` tokens after each prompt with a commitment policy.
 
     Args:
@@ -63,6 +67,13 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
             ``TRACELOCK_IMPL``, else each op's fastest available.
         observer (callable, optional): called with a `tracelock.decode.loop.StepRecord` at every step
             (what trace recording uses). Default: None.
+        compile (bool | str, optional): decode on the static-shape engine with each step compiled by
+            ``torch.compile(fullgraph=True)`` (inductor on CPU, CUDA graphs on CUDA; the first call of a setting
+            compiles, seconds to a minute), same tokens and steps as the eager loop; "cudagraphs" (CUDA only)
+            captures the uncompiled engine's steps as CUDA graphs instead (no compile time). Its ops are the torch
+            specs on CPU and the Triton kernels on CUDA (``impl`` is not used). CFG, an observer, sampling and
+            stochastic policies warn and run the eager loop. Default: ``TRACELOCK_COMPILE`` (1, cudagraphs or 0),
+            else False.
 
     Returns:
         (tokens [B, P + gen_length], DecodeStats): the whole canvas (prompt included) and the run's costs.
@@ -75,6 +86,15 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
     """
     check_decode_inputs(model, input_ids, policy_args)
     policy_args = policy_args_for(model, policy, policy_args)
+    mode = compile_requested(compile)
+    if mode:
+        reason = eager_reason(policy, policy_args, temperature, cfg_scale, observer)
+        if reason is None:
+            return generate_compiled(model, input_ids, attention_mask=attention_mask, policy=policy, mode=mode,
+                                     policy_args=policy_args, gen_length=gen_length, block=block, window=window,
+                                     stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed, cache=cache,
+                                     refresh_every=refresh_every, refresh_shift=refresh_shift)
+        warn_eager(reason)
     commits_impl, blocks_impl, kernels_impl = _op_impls(impl)
     return run_decode(model, input_ids, policy=policy, gen_length=gen_length, block=block, window=window,
                       policy_args=policy_args, attention_mask=attention_mask, temperature=temperature,

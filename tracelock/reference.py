@@ -7,11 +7,16 @@ from tracelock.kernels.ref import apply_commits_ref, skip_finished_blocks_ref
 
 def reference_generate(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
                        attention_mask=None, temperature=0.0, cfg_scale=0.0, stop_at_eot=False, idle_steps=False,
-                       seed=0, cache=None, refresh_every=None, refresh_shift=None, impl=None, observer=None):
+                       seed=0, cache=None, refresh_every=None, refresh_shift=None, impl=None, observer=None,
+                       compile=None):
     """Decode with plain-PyTorch ops; same signature and results as `tracelock.fused_generate`.
 
-    ``impl`` exists only to keep the signatures identical: the reference always runs the torch spec.
+    ``impl`` and ``compile`` exist only to keep the signatures identical: the reference always runs the torch spec
+    on the eager loop (``TRACELOCK_COMPILE`` does not apply to it).
     """
+    if compile:
+        raise ValueError("reference_generate is the eager spec and never compiles; use "
+                         "tracelock.fused_generate(..., compile=True)")
     if impl not in (None, "torch"):
         raise ValueError(f"reference_generate always runs the torch reference ops; got impl={impl!r}. "
                          "Use tracelock.fused_generate(..., impl=...) to pick an implementation")

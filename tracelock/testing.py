@@ -112,3 +112,58 @@ def fresh_controller(model, *, seed: int = 2, folder=None):
         controller.save(Path(folder) / "best.safetensors")
         enc.save(folder)
     return controller, enc
+
+
+def eos_prone_model(folder, family: str, gen_length: int = 16):
+    """A tiny checkpoint with a peaked LM head whose end token shadows its most proposed token: threshold rules
+    commit several per step, batch rows finish at different steps, and end-of-text prediction has work."""
+    import tracelock
+    from tracelock.models import write_tiny_checkpoint
+
+    m = tracelock.load_model(write_tiny_checkpoint(folder, family=family, seed=4))
+    with torch.no_grad():
+        m.lm_head.weight.mul_(20.0)
+        x, _ = tracelock.reference_generate(m, random_prompts(m), policy="confidence", gen_length=gen_length,
+                                            block=4)
+        values, counts = x[:, -gen_length:].flatten().unique(return_counts=True)
+        m.lm_head.weight[m.spec.eos_id] = m.lm_head.weight[values[counts.argmax()]] * 1.02
+    return m
+
+
+def step_l2p_filter(model, features: int = 1):
+    """A Learn2PD filter of block 4 for ``model``: with ``features=1`` (confidences) it accepts the slots with
+    confidence above 0.5 (logit 40 (c - 0.5)); with more (an encoder's code width, for l2p-hidden) it is random."""
+    from tracelock.features import backbone_fingerprint
+    from tracelock.l2p.filter import FilterConfig, L2PFilter
+
+    torch.manual_seed(5)
+    f = L2PFilter(FilterConfig(block=4, hidden=4, features=features, family=model.spec.family,
+                               eos_id=model.spec.eos_id, backbone=backbone_fingerprint(model)))
+    if features == 1:
+        with torch.no_grad():
+            f.net[0].weight.copy_(40 * torch.eye(4))
+            f.net[0].bias.fill_(-20.0)
+            f.net[2].weight.copy_(torch.eye(4))
+            f.net[2].bias.zero_()
+    return f.eval()
+
+
+def decode_on_engine(model, prompts, slots=None, bucket=None, **settings) -> tuple:
+    """Every prompt through one `DecodeEngine` (all admitted at once): ([(tokens, stats)] per prompt, engine)."""
+    from tracelock.decode.engine import DecodeEngine, prompt_bucket
+
+    bucket = bucket or prompt_bucket(max(map(len, prompts)), settings["gen_length"], model.spec.max_positions)
+    engine = DecodeEngine(model, slots=slots or len(prompts), prompt_len=bucket, **settings)
+    got = [engine.admit(p) for p in prompts]
+    while engine.step():
+        pass
+    return [engine.result(s) for s in got], engine
+
+
+def assert_same_decode(got, want, label: str = "") -> None:
+    """Two single-row decodes, (tokens, DecodeStats) each, are the same: tokens, steps, commits, refreshes, lengths."""
+    (tokens, stats), (ref_tokens, ref_stats) = got, want
+    assert torch.equal(tokens, ref_tokens), f"{label}: tokens differ"
+    assert stats.steps == ref_stats.steps, f"{label}: steps {stats.steps} != {ref_stats.steps}"
+    assert stats.commits_per_step == ref_stats.commits_per_step, label
+    assert stats.refreshes == ref_stats.refreshes and stats.gen_lengths == ref_stats.gen_lengths, label

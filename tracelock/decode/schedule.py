@@ -58,8 +58,12 @@ class Schedule:
         self.num_regions = gen_length // block if block else 1
         self.width = block or window or gen_length  # R: candidate slots per row
 
-    def start(self, state: torch.Tensor, prompt_len: int, steps_per_region: int) -> RowCounters:
+    def bind(self, prompt_len: int, steps_per_region: int) -> None:
+        """Fix the canvas layout (the generation starts at ``prompt_len``) and the policy's step budget."""
         self.P, self.S = prompt_len, steps_per_region
+
+    def start(self, state: torch.Tensor, prompt_len: int, steps_per_region: int) -> RowCounters:
+        self.bind(prompt_len, steps_per_region)
         B = state.shape[0]
         zeros = torch.zeros(B, dtype=torch.long, device=state.device)
         c = RowCounters(block_idx=zeros.clone(), region_step=zeros.clone(), region_initial=zeros.clone(),

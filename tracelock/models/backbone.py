@@ -151,7 +151,7 @@ def _gather_rows(x, positions):
     return torch.gather(x, 1, positions[..., None].expand(-1, -1, x.shape[-1]))
 
 
-def _rows_in(query_positions, positions, L: int, name: str):
+def _rows_in(query_positions, positions, L: int, name: str, check: bool = True):
     """Indices into the query rows [B, Q] of canvas ``positions`` [B, R] (None: every query row)."""
     if positions is None:
         return None
@@ -161,7 +161,8 @@ def _rows_in(query_positions, positions, L: int, name: str):
     rows = where.gather(1, positions)
     # checked on the CPU only: on a GPU it would cost a host sync every step, and a missing row (-1) still stops
     # the later gather with a device-side index error, only with a less helpful message
-    if not rows.is_cuda and bool((rows < 0).any()):
+    # (and not inside a compiled graph, where it would be a graph break)
+    if check and not rows.is_cuda and not torch.compiler.is_compiling() and bool((rows < 0).any()):
         raise ValueError(f"{name} asks for positions that are not among query_positions; a cached step computes "
                          "only those rows: add the positions to query_positions")
     return rows
@@ -194,7 +195,8 @@ class DiffusionBackbone(nn.Module):
         return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
 
     def predict(self, input_ids, positions, attention_mask=None, *, return_taps=False, tap_positions=None,
-                return_hidden=False, head_op=None, tap_op=None, store_kv=False, kv_cache=None, query_positions=None):
+                return_hidden=False, head_op=None, tap_op=None, store_kv=False, kv_cache=None, query_positions=None,
+                check_query=True):
         """Logits that predict the tokens at canvas ``positions`` [B, R] (or, with ``return_hidden``, the LM
         head's input there instead, or with ``head_op`` its outputs there), and optionally taps (or with
         ``tap_op`` the controller inputs folded from them); see `forward`.
@@ -203,18 +205,22 @@ class DiffusionBackbone(nn.Module):
         to the logits and to the tap positions (features get the same shift as the logits). ``query_positions``
         (a cached step) are output rows, not shifted here: they must include ``output_rows(positions)``.
         """
-        out = self.forward(input_ids, attention_mask, logit_positions=self.spec.output_rows(positions),
+        first = None
+        if attention_mask is not None and self.spec.logit_shift:
+            first = attention_mask.to(torch.uint8).argmax(1)  # left padding: each row's first real position
+        out = self.forward(input_ids, attention_mask, logit_positions=self.spec.output_rows(positions, first),
                            return_logits=not return_hidden and head_op is None, return_hidden=return_hidden,
                            return_taps=return_taps,
-                           tap_positions=None if tap_positions is None else self.spec.output_rows(tap_positions),
+                           tap_positions=None if tap_positions is None else self.spec.output_rows(tap_positions,
+                                                                                                  first),
                            head_op=head_op, tap_op=tap_op, store_kv=store_kv, kv_cache=kv_cache,
-                           query_positions=query_positions)
+                           query_positions=query_positions, check_query=check_query)
         return out
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, *, logit_positions=None,
                 return_logits=None, return_hidden=False, return_taps=False, tap_positions=None,
                 head_op=None, tap_op=None, causal=False, store_kv=False, kv_cache=None,
-                query_positions=None) -> BackboneOutput:
+                query_positions=None, check_query=True) -> BackboneOutput:
         """Run the backbone (every position, or with ``kv_cache`` only the ``query_positions`` rows).
 
         Args:
@@ -246,6 +252,9 @@ class DiffusionBackbone(nn.Module):
                 a row may repeat its last position as padding): they attend to the cached keys/values of every
                 other position and to their own fresh ones. ``logit_positions`` and ``tap_positions`` must lie
                 among them. ``input_ids`` is still the whole canvas [B, L].
+            check_query (bool): with ``kv_cache`` on a CPU, check that they do (one host read; a caller that
+                builds its positions inside the query, as the static-shape engine does, passes False). Never
+                checked on CUDA or inside a compiled graph.
 
         Returns:
             BackboneOutput: raw (unshifted) logits [B, R, V], the LM head's input [B, R, D], the taps
@@ -283,8 +292,9 @@ class DiffusionBackbone(nn.Module):
         past = index = None
         if kv_cache is not None:
             # only the query rows run; positions asked for are re-indexed into them
-            logit_positions = _rows_in(query_positions, logit_positions, L, "logit_positions")
-            tap_positions = _rows_in(query_positions, tap_positions, L, "tap_positions") if return_taps else None
+            logit_positions = _rows_in(query_positions, logit_positions, L, "logit_positions", check_query)
+            tap_positions = (_rows_in(query_positions, tap_positions, L, "tap_positions", check_query) if return_taps
+                             else None)
             input_ids, position_ids = input_ids.gather(1, query_positions), position_ids.gather(1, query_positions)
             index = query_positions[:, None, :, None]
         cos, sin = rope_cos_sin(position_ids, self.spec.head_dim, self.spec.rope_theta)

@@ -129,14 +129,17 @@ class ModelSpec:
         """Hidden-state features get the same shift as the logits (MODELS.md §7)."""
         return self.logit_shift
 
-    def output_rows(self, positions: torch.Tensor) -> torch.Tensor:
+    def output_rows(self, positions: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
         """Backbone output rows that predict the tokens at canvas ``positions``.
 
         This is the one place the Dream shift is applied: row ``j - 1`` predicts token ``j``
         (``cat(logits[:, :1], logits[:, :-1])`` in Dream's sampler), and row 0 predicts itself
-        (position 0 is always prompt). LLaDA rows are unshifted.
+        (position 0 is always prompt). LLaDA rows are unshifted. ``first`` [B], the first real position of each
+        left-padded row: that position predicts itself too, as position 0 of the row unpadded (its left
+        neighbour is padding), so a padded row reads the rows it would read alone.
         """
-        return (positions - self.logit_shift).clamp_min(0)
+        rows = positions - self.logit_shift
+        return rows.clamp_min(0) if first is None else rows.maximum(first[:, None])
 
     @classmethod
     def from_pretrained(cls, path) -> "ModelSpec":

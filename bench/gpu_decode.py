@@ -1,0 +1,246 @@
+"""The static-shape decode step on one GPU, in one call (bench/gpu_compile_session.sh runs it).
+
+At LLaDA-8B's shape with random bf16 weights, B = 1, gen 256, blocks of 32, Fast-dLLM's threshold 0.9 with the dual
+cache (random weights spread the logits: one commit per step, so a block is one refresh and 31 cached steps):
+
+1. the cached step's time (CUDA events around each step the engine ran as cached only) against the weight-read floor,
+   the bytes a step must read (every weight but the embedding table) over the card's bandwidth; goal <= 1.3x;
+2. Fast-dLLM's own ``generate_with_dual_cache`` on the same weights and prompts (`bench/peers.py`): time per item,
+   NFE, agreement with tracelock's tokens (bf16: the two round differently, so no exact match is asked for);
+3. tokens/s at B = 1, 8, 32: the eager loop, the engine's steps captured as CUDA graphs (``compile="cudagraphs"``:
+   no compile time) and, at B = 1, torch.compile with CUDA graphs (``compile=True``) when ``--inductor`` is given;
+4. host syncs per step (``torch.cuda.set_sync_debug_mode``): the eager loop's and the engine's.
+
+``--dry-run`` runs the same code on the CPU at a tiny shape (the micro LLaDA checkpoint, gen 16, blocks of 4, B = 1
+and 2; the engine uncompiled, as a CPU has no CUDA graphs; no bandwidth, no sync count), so the script is tested
+without a GPU (tests/test_gpu_decode_script.py). Fast-dLLM's code must be on the device (``--peer-fastdllm DIR``;
+it needs einops); without it the row says why it was skipped.
+Everything lands in ``--out`` as one JSON (atomic write) plus the printed lines.
+
+    python bench/gpu_decode.py --out DIR [--dry-run] [--peer-fastdllm DIR] [--inductor]
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import peers  # noqa: E402  (bench/peers.py)
+
+import tracelock  # noqa: E402
+from tracelock.atomic import atomic_write_text  # noqa: E402
+from tracelock.decode.engine import DecodeEngine, prompt_bucket  # noqa: E402
+
+# HBM bandwidth of the cards we may get (bytes/s), from NVIDIA's data sheets (SXM)
+BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12}
+RULE = dict(policy="threshold", policy_args={"tau": 0.9}, cache="dual")
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def setup(args):
+    """(model, prompts, settings, llada config dict, device, label)."""
+    from tracelock.models.shapes import SHAPES, random_backbone
+    from tracelock.models.tiny import llada_config
+
+    if args.dry_run:
+        from tracelock.models import write_tiny_checkpoint
+
+        folder = write_tiny_checkpoint(Path(args.out) / "micro-llada", family="llada", seed=0)
+        model = tracelock.load_model(folder)
+        config = json.loads((folder / "config.json").read_text())
+        gen, block, prompt_len, batches = 16, 4, 12, (1, 2)
+        label = "micro-llada (dry run, CPU)"
+    else:
+        model = random_backbone("llada-8b", device="cuda", dtype=torch.bfloat16)
+        _, sizes, vocab, max_pos, ids = SHAPES["llada-8b"]
+        config = llada_config(*sizes, ids, vocab_rows=vocab, max_positions=max_pos)
+        gen, block, prompt_len, batches = 256, 32, 128, (1, 8, 32)
+        label = "llada-8b shape, random bf16 weights"
+    g = torch.Generator().manual_seed(0)
+    top = min(model.spec.mask_id, model.spec.eos_id) - 1
+    prompts = torch.randint(0, top, (max(batches), prompt_len), generator=g).tolist()
+    return model, prompts, dict(RULE, gen_length=gen, block=block), config, model.device, label, batches
+
+
+def weight_floor(model, device) -> dict:
+    """The bytes a cached step reads (every parameter but the embedding table, whose rows are gathered) and, on a
+    known card, the time reading them takes at the card's bandwidth."""
+    read = sum(p.numel() * p.element_size() for name, p in model.named_parameters() if name != "embed.weight")
+    out = dict(weight_bytes_per_step=read)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        card = next((k for k in BANDWIDTH if k in name), None)
+        if card:
+            out.update(card=card, bandwidth=BANDWIDTH[card], floor_seconds=read / BANDWIDTH[card])
+    return out
+
+
+def time_engine_steps(model, prompts, settings, device, compile) -> dict:
+    """Decode ``prompts`` on an engine, timing every step; the medians of the cached-only and refresh steps."""
+    engine = _engine(model, prompts, settings, compile)
+    for rnd in range(2):  # the first round compiles / captures; the second is timed
+        engine.reset()
+        for p in prompts:
+            engine.admit(p)
+        times = {"cached": [], "refresh": []}
+        while True:
+            _sync(device)
+            start = time.perf_counter()
+            ran = engine.step()
+            _sync(device)
+            seconds = time.perf_counter() - start
+            if not ran:
+                break
+            if rnd == 1:
+                times["cached" if engine.last_step[1] == 0 else "refresh"].append(seconds)
+    return dict(cached_step_median=statistics.median(times["cached"]), cached_steps=len(times["cached"]),
+                refresh_step_median=statistics.median(times["refresh"]) if times["refresh"] else None,
+                refresh_steps=len(times["refresh"]))
+
+
+def _engine(model, prompts, settings, compile) -> DecodeEngine:
+    bucket = prompt_bucket(max(map(len, prompts)), settings["gen_length"], model.spec.max_positions)
+    return DecodeEngine(model, slots=len(prompts), prompt_len=bucket, compile=compile, **settings)
+
+
+def _decode(model, prompts, settings, engine):
+    """One decode of ``prompts``: on ``engine``, or the eager loop (``fused_generate``) when it is None."""
+    if engine is None:
+        tokens, stats = tracelock.fused_generate(model, prompts, **settings)
+        return tokens, stats.steps, stats.forwards
+    engine.reset()
+    slots = [engine.admit(p) for p in prompts]
+    before = engine.forwards
+    while engine.step():
+        pass
+    rows = [engine.result(s) for s in slots]
+    return torch.cat([t for t, _ in rows]), [st.steps[0] for _, st in rows], engine.forwards - before
+
+
+def tokens_per_second(model, prompts, settings, device, compile, rounds=2) -> tuple:
+    """(row, tokens): generated tokens per second on ``prompts`` after a warm-up decode (the eager loop for
+    ``compile=None``, else an engine with that compile mode), and the tokens of the last decode."""
+    engine = None if compile is None else _engine(model, prompts, settings, compile)
+    _decode(model, prompts, settings, engine)
+    best, out = None, None
+    for _ in range(rounds):
+        _sync(device)
+        start = time.perf_counter()
+        out = _decode(model, prompts, settings, engine)
+        _sync(device)
+        seconds = time.perf_counter() - start
+        best = seconds if best is None else min(best, seconds)
+    tokens, steps, forwards = out
+    generated = len(prompts) * settings["gen_length"]
+    row = dict(seconds=best, tokens_per_second=generated / best, mean_steps=sum(steps) / len(prompts),
+               forwards=forwards)
+    return row, tokens
+
+
+def syncs_per_step(model, prompts, settings, device, compile) -> dict | None:
+    """Host syncs per step of one decode (the eager loop for ``compile=None``, else an engine), counted by torch's
+    CUDA sync debug mode (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    engine = None if compile is None else _engine(model, prompts, settings, compile)
+    _decode(model, prompts, settings, engine)  # warm: captures and compiles happen outside the count
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            _, steps, _ = _decode(model, prompts, settings, engine)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = sum("synchroniz" in str(w.message).lower() for w in caught)
+    return dict(syncs=syncs, steps=max(steps), per_step=syncs / max(steps))
+
+
+def fastdllm_row(args, model, config, prompts, settings, ours_tokens) -> dict:
+    folder, why = peers.find_fastdllm(args.peer_fastdllm)
+    if folder is None:
+        return dict(skipped=why)
+    module = peers.llada_generate_module(folder)
+    peer = peers.load_llada(folder, model, config)
+    G, block = settings["gen_length"], settings["block"]
+    run = lambda: peers.run_llada(module, peer, "fastdllm-0.9-dual", prompts[0], gen_length=G, block=block,  # noqa
+                                  mask_id=model.spec.mask_id)
+    run()
+    _sync(model.device)
+    start = time.perf_counter()
+    canvas, nfe = run()
+    _sync(model.device)
+    seconds = time.perf_counter() - start
+    agreement = (canvas[0, -G:].cpu() == ours_tokens[0, -G:].cpu()).float().mean().item()
+    return dict(seconds_per_item=seconds, nfe=int(nfe), agreement=agreement)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="folder for the JSON (created)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="CPU, micro checkpoint, gen 16, blocks of 4, B = 1 and 2 (default: off)")
+    parser.add_argument("--peer-fastdllm", default=None, help="Fast-dLLM checkout (default: ../shared/peers/fast-dllm)")
+    parser.add_argument("--inductor", action="store_true",
+                        help="also time torch.compile + CUDA graphs at B = 1 (slow to compile at 8B; default: off)")
+    args = parser.parse_args(argv)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    if not args.dry_run and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --dry-run on a CPU")
+    torch.set_num_threads(1 if args.dry_run else torch.get_num_threads())
+    model, prompts, settings, config, device, label, batches = setup(args)
+    # the CPU has no CUDA graphs: the dry run takes the engine's steps uncompiled (tests/ check the compiled path)
+    captured = False if args.dry_run else "cudagraphs"
+    result = dict(shape=label, device=torch.cuda.get_device_name(device) if device.type == "cuda" else
+                  platform.processor() or platform.machine(), torch=torch.__version__, settings=settings,
+                  batches=list(batches), prompt_length=len(prompts[0]), engine_mode=captured)
+    result["floor"] = weight_floor(model, device)
+    log("floor", result["floor"])
+
+    result["steps_b1"] = time_engine_steps(model, prompts[:1], settings, device, captured)
+    floor = result["floor"].get("floor_seconds")
+    if floor:
+        result["steps_b1"]["cached_over_floor"] = result["steps_b1"]["cached_step_median"] / floor
+    log("steps B=1", result["steps_b1"])
+
+    result["throughput"], tokens_b1 = {}, None
+    for B in batches:
+        for mode in (None, captured):
+            row, tokens = tokens_per_second(model, prompts[:B], settings, device, mode)
+            name = "eager-loop" if mode is None else f"engine-{mode or 'uncompiled'}"
+            result["throughput"][f"B{B}-{name}"] = row
+            if B == 1 and mode is None:
+                tokens_b1 = tokens
+            log(f"B={B} {name}", row)
+    if args.inductor and device.type == "cuda":
+        row, _ = tokens_per_second(model, prompts[:1], settings, device, True, rounds=1)
+        result["throughput"]["B1-engine-inductor"] = row
+        log("B=1 engine-inductor", row)
+
+    result["syncs"] = {("eager-loop" if m is None else f"engine-{m or 'uncompiled'}"):
+                       syncs_per_step(model, prompts[:1], settings, device, m) for m in (None, captured)}
+    log("syncs", result["syncs"])
+    result["fastdllm_dual"] = fastdllm_row(args, model, config, prompts, settings, tokens_b1)
+    log("fastdllm", result["fastdllm_dual"])
+    path = Path(args.out) / ("gpu-decode-dry-run.json" if args.dry_run else "gpu-decode.json")
+    atomic_write_text(path, json.dumps(result, indent=2, default=str) + "\n")
+    log("wrote", path)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Fast-dLLM's own decoding code (NVlabs/Fast-dLLM), loaded at run time from a checkout, run beside tracelock.
+
+Nothing of Fast-dLLM is copied into this repository: `find_fastdllm` takes the folder of a checkout (``--peer-fastdllm
+DIR``; default ``../shared/peers/fast-dllm`` relative to the repository when it exists), and its modules are imported
+from there. Its models get tracelock's own weights (the same tensors, no copy), so both decode the same checkpoint.
+
+Fast-dLLM was written against transformers 4.49; with transformers 5 three things need help, all from outside its
+code: its LLaDA ``from_pretrained`` fails (the module is built from its config and given the weights directly) and its
+config lost the ``use_cache`` attribute (set back); its Dream rotary embedding looks up a "default" RoPE initialiser
+that transformers 5 dropped (the standard inverse frequencies are registered under that name, only if missing); its
+Dream generation config's ``validate`` does not take transformers 5's keyword argument (a subclass accepts it).
+"""
+
+import importlib
+import importlib.util
+import sys
+import types
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+DEFAULT_FASTDLLM = Path(__file__).resolve().parents[1].parent / "shared" / "peers" / "fast-dllm"
+
+
+def find_fastdllm(option: str | None) -> tuple[Path | None, str]:
+    """(the checkout folder, "") or (None, why not): ``option``, else the default folder when it exists."""
+    folder = Path(option) if option else DEFAULT_FASTDLLM
+    if not (folder / "llada" / "generate.py").is_file():
+        where = f"--peer-fastdllm {option}" if option else f"the default {DEFAULT_FASTDLLM}"
+        return None, (f"no Fast-dLLM checkout at {where} (llada/generate.py missing); pass --peer-fastdllm DIR "
+                      "(a clone of NVlabs/Fast-dLLM)")
+    try:
+        import einops  # noqa: F401  (Fast-dLLM's LLaDA model imports it)
+    except ImportError:
+        return None, "Fast-dLLM's LLaDA code needs einops: pip install einops"
+    return folder, ""
+
+
+@contextmanager
+def _no_random_init():
+    """Skip the random initialisation of the layers a peer model builds: its weights are replaced right after."""
+    saved = {cls: cls.reset_parameters for cls in (torch.nn.Linear, torch.nn.Embedding)}
+    for cls in saved:
+        cls.reset_parameters = lambda self: None
+    try:
+        yield
+    finally:
+        for cls, fn in saved.items():
+            cls.reset_parameters = fn
+
+
+def _shared_state(model) -> dict:
+    """{official checkpoint key: tracelock's parameter tensor} of ``model``."""
+    from tracelock.models.keys import official_keys
+
+    params = dict(model.named_parameters())
+    return {official: params[ours] for official, ours in official_keys(model.spec).items()}
+
+
+def llada_generate_module(folder: Path):
+    """Fast-dLLM's ``llada/generate.py`` (it imports ``model.modeling_llada``, so ``llada/`` goes on sys.path)."""
+    llada = str(folder / "llada")
+    if llada not in sys.path:
+        sys.path.insert(0, llada)
+    return importlib.import_module("generate")
+
+
+def load_llada(folder: Path, model, config: dict):
+    """Fast-dLLM's ``LLaDAModelLM`` built from ``config`` (an official LLaDA config.json as a dict) on ``model``'s
+    weights (a tracelock LLaDA backbone; the tensors are shared)."""
+    llada_generate_module(folder)
+    from model.configuration_llada import LLaDAConfig
+    from model.modeling_llada import LLaDAModelLM
+
+    cfg = LLaDAConfig(**config)
+    if not hasattr(cfg, "use_cache"):  # transformers 5 drops it from the config; the peer's forward reads it
+        cfg.use_cache = False
+    with _no_random_init():
+        peer = LLaDAModelLM(cfg, init_params=False)
+    peer.load_state_dict(_shared_state(model), strict=True, assign=True)
+    return peer.eval()
+
+
+def _dream_package(folder: Path):
+    """Fast-dLLM's ``dream/model`` as the package ``fastdllm_dream`` (its imports are relative)."""
+    name = "fastdllm_dream"
+    if name not in sys.modules:
+        import transformers.modeling_rope_utils as rope
+
+        rope.ROPE_INIT_FUNCTIONS.setdefault("default", _default_rope)
+        root = folder / "dream" / "model"
+        spec = importlib.util.spec_from_file_location(name, root / "__init__.py",
+                                                      submodule_search_locations=[str(root)])
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[name] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"{name}.generation_utils_block")
+
+
+def _default_rope(config, device=None, seq_len=None, **_):
+    """The standard RoPE inverse frequencies (transformers 4's "default" initialiser): (inv_freq, scaling 1)."""
+    dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
+    return 1.0 / (config.rope_theta ** exponents), 1.0
+
+
+def load_dream(folder: Path, model, config: dict):
+    """Fast-dLLM's ``DreamModel`` from ``config`` (a Dream config.json as a dict) on ``model``'s weights, with its
+    block sampler (``dream/model/generation_utils_block.py``) bound as its ``diffusion_generate``."""
+    sampler = _dream_package(folder)
+    from fastdllm_dream.configuration_dream import DreamConfig
+    from fastdllm_dream.modeling_dream import DreamModel
+
+    with _no_random_init():
+        peer = DreamModel(DreamConfig(**config))
+    peer.load_state_dict(_shared_state(model), strict=True, assign=True)
+    peer.diffusion_generate = types.MethodType(sampler.DreamGenerationMixin.diffusion_generate, peer)
+    peer._sample = types.MethodType(sampler.DreamGenerationMixin._sample, peer)
+    return peer.eval()
+
+
+def dream_generation_config(folder: Path, spec, gen_length: int, steps: int):
+    """The block sampler's generation config for greedy confidence-threshold decoding."""
+    sampler = _dream_package(folder)
+
+    class Config(sampler.DreamGenerationConfig):
+        def validate(self, *args, **kwargs):  # transformers 5 passes user_set_attributes=...
+            pass
+
+    return Config(temperature=0.0, max_new_tokens=gen_length, steps=steps, alg="confidence_threshold",
+                  mask_token_id=spec.mask_id, eos_token_id=spec.eos_id, pad_token_id=spec.pad_id,
+                  bos_token_id=spec.bos_id, return_dict_in_generate=False)
+
+
+# Fast-dLLM's functions and the tracelock settings with the same rule; all greedy, semi-AR blocks
+LLADA_RULES = {
+    # name: (Fast-dLLM function in llada/generate.py, its threshold, tracelock's fused_generate settings)
+    "fastdllm-0.9-dual": ("generate_with_dual_cache", 0.9, dict(policy="threshold", policy_args={"tau": 0.9},
+                                                                 cache="dual")),
+    "fastdllm-0.9-prefix": ("generate_with_prefix_cache", 0.9, dict(policy="threshold", policy_args={"tau": 0.9},
+                                                                     cache="prefix")),
+    "fastdllm-0.9": ("generate", 0.9, dict(policy="threshold", policy_args={"tau": 0.9})),
+    "confidence": ("generate", None, dict(policy="confidence")),
+}
+DREAM_RULE = "fastdllm-dream-0.9-dual"
+DREAM_SETTINGS = dict(policy="threshold", policy_args={"tau": 0.9, "first_token": True}, cache="dual")
+
+
+def run_llada(generate_module, peer, rule: str, prompt: list, *, gen_length: int, block: int, mask_id: int):
+    """Fast-dLLM's function of ``rule`` on one prompt (its functions take batch 1): (canvas [1, P + G], NFE)."""
+    name, threshold, _ = LLADA_RULES[rule]
+    device = next(peer.parameters()).device
+    ids = torch.tensor([prompt], device=device)
+    return getattr(generate_module, name)(peer, ids, steps=gen_length, gen_length=gen_length, block_length=block,
+                                          temperature=0.0, remasking="low_confidence", mask_id=mask_id,
+                                          threshold=threshold)
+
+
+def run_dream(peer, config, prompt: list, *, block: int, threshold: float = 0.9):
+    """Fast-dLLM's Dream block sampler with the dual cache on one prompt: the canvas [1, P + G]."""
+    device = next(peer.parameters()).device
+    ids = torch.tensor([prompt], device=device)
+    return peer.diffusion_generate(ids, generation_config=config, block_length=block, dual_cache=True,
+                                   threshold=threshold)

@@ -1,0 +1,113 @@
+"""`fused_generate(..., compile=True)`: a batch decoded on a compiled `DecodeEngine`, one slot per row.
+
+The prompts are left-padded to a prompt bucket (`prompt_bucket`), so prompts of similar lengths share the compiled
+graphs; an engine is kept per model and settings (at most `_KEEP` per model) and reused, so a second call with the
+same settings compiles nothing. What a graph cannot express runs the eager loop instead, with a warning that says
+why: classifier-free guidance, an observer (it reads every step on the host), sampling and stochastic policies
+(their draws come from a ``torch.Generator``).
+"""
+
+import os
+import time
+import warnings
+import weakref
+from collections import OrderedDict
+
+import torch
+
+from tracelock.decode.canvas import prepare_canvas
+from tracelock.decode.engine import DecodeEngine, prompt_bucket
+from tracelock.decode.loop import DecodeStats, _gen_lengths
+from tracelock.policies import make_policy
+
+ENV = "TRACELOCK_COMPILE"
+_KEEP = 8
+_ENGINES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def compile_requested(compile) -> bool | str:
+    """``compile``, else ``TRACELOCK_COMPILE`` (1/true/yes, 0/false/no/empty, or cudagraphs), else False."""
+    if compile is not None:
+        if compile not in (True, False, "cudagraphs"):
+            raise TypeError(f"compile={compile!r} must be True, False, 'cudagraphs' or None (None: ${ENV}, default "
+                            "off)")
+        return compile
+    raw = os.environ.get(ENV, "").strip().lower()
+    if raw in ("", "0", "false", "no"):
+        return False
+    if raw in ("1", "true", "yes"):
+        return True
+    if raw == "cudagraphs":
+        return "cudagraphs"
+    raise ValueError(f"{ENV}={raw!r}: use 1 (compile the decode step), cudagraphs (CUDA graphs of the uncompiled "
+                     "step) or 0 (the eager loop)")
+
+
+def eager_reason(policy, policy_args, temperature, cfg_scale, observer) -> str | None:
+    """Why these settings cannot run compiled (None: they can)."""
+    if cfg_scale:
+        return "classifier-free guidance (cfg_scale > 0) runs two forwards per step on the eager loop only"
+    if observer is not None:
+        return "an observer reads every step on the host"
+    if getattr(policy, "name", None) == "oracle":
+        return "the oracle policy indexes its reference canvas by the eager loop's batch rows"
+    if temperature > 0:
+        return "sampling (temperature > 0) draws from a torch.Generator, which a compiled graph cannot take"
+    deterministic = (make_policy(policy, **(policy_args or {})).deterministic if isinstance(policy, str)
+                     else policy.deterministic)
+    if not deterministic:
+        return f"the {policy if isinstance(policy, str) else policy.name!r} policy draws from a torch.Generator"
+    return None
+
+
+def _key(policy, policy_args, settings: dict, slots: int, bucket: int) -> tuple:
+    # a policy object is its own key (the engine holds it); a name with its arguments by value
+    who = ("object", id(policy)) if not isinstance(policy, str) else (policy, repr(sorted((policy_args or {}).items())))
+    return who, tuple(sorted(settings.items())), slots, bucket
+
+
+def _engine_for(model, policy, policy_args, settings: dict, slots: int, bucket: int, mode) -> DecodeEngine:
+    engines = _ENGINES.setdefault(model, OrderedDict())
+    key = _key(policy, policy_args, settings, slots, bucket) + (mode,)
+    if key in engines:
+        engines.move_to_end(key)
+        return engines[key]
+    engine = DecodeEngine(model, policy=policy, policy_args=policy_args, slots=slots, prompt_len=bucket, compile=mode,
+                          **settings)
+    engines[key] = engine
+    if len(engines) > _KEEP:
+        engines.popitem(last=False)
+    return engine
+
+
+def generate_compiled(model, input_ids, *, attention_mask, policy, policy_args, gen_length, mode=True, **settings):
+    """`fused_generate`'s result, decoded on a compiled engine (see the module docstring)."""
+    canvas = prepare_canvas(model.spec, input_ids, attention_mask, gen_length, model.device)
+    B, P = canvas.x.shape[0], canvas.prompt_len
+    bucket = prompt_bucket(P, gen_length, model.spec.max_positions)
+    engine = _engine_for(model, policy, policy_args, dict(settings, gen_length=gen_length), slots=B, bucket=bucket,
+                         mode=mode)
+    engine.reset()
+    mask = canvas.attention_mask
+    for r in range(B):
+        engine.admit(canvas.x[r, :P] if mask is None else canvas.x[r, :P][mask[r, :P]])
+    forwards = engine.forwards
+    start = time.perf_counter()
+    while engine.step():
+        pass
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+    seconds = time.perf_counter() - start
+    canvas.x = engine.x[:, bucket - P:].clone()
+    steps = engine.steps.tolist()
+    log = engine.commit_log.tolist()
+    stats = DecodeStats(steps=steps, forwards=engine.forwards - forwards,
+                        commits_per_step=[row[:n] for row, n in zip(log, steps)], seconds=seconds,
+                        gen_lengths=_gen_lengths(canvas, model.spec.end_ids),
+                        refreshes=[0] * B if engine.cache is None else engine.refreshes.tolist(),
+                        settings=dict(engine.settings))
+    return canvas.x, stats
+
+
+def warn_eager(reason: str) -> None:
+    warnings.warn(f"compile=True: {reason}; decoding with the eager loop instead", stacklevel=3)

@@ -1,0 +1,653 @@
+"""A decode engine over static shapes: a fixed set of batch slots that prompts fill and free between steps.
+
+`fused_generate(..., compile=True)` runs on it, and so can a server with continuous batching (admit a prompt into
+a free slot between steps, let a finished row leave at once, cancel a row). Every tensor has a shape fixed per
+engine: ``slots`` rows, a canvas of ``prompt_len + gen_length`` positions (prompts left-padded to the engine's
+prompt bucket), a commit region of ``R`` slots, a KV cache of every slot's full canvas. A step is
+
+1. *prepare* (one graph over every slot): which rows are live, which refresh their KV cache, which take a cached
+   step; packed into **one int64 scalar, the only host read of the step**;
+2. one or two *forwards* (graphs per row count): the rows that need the forward, gathered in slot order and padded
+   to a power-of-two row count (`row_bucket`), so a batch whose rows finish at different times does not keep
+   paying for the finished ones, as the eager loop drops them;
+3. *finish* (one graph over every slot): the policy's decision as tensor ops, the commits, the block advance, the
+   cache bookkeeping, each row's commit count logged on the device.
+
+A row decodes exactly as `fused_generate` decodes its prompt alone with the same settings (tokens, steps, commits
+per step, refreshes; fp32 CPU), tested in tests/test_decode_engine.py. With ``compile=True`` each graph goes
+through ``torch.compile(fullgraph=True)``: inductor on CPU, CUDA graphs (``mode="reduce-overhead"``) on CUDA.
+
+Fixed per engine: the model, the policy and its arguments, the schedule (gen_length, block / window), the cache and
+its refresh rule, stop_at_eot, idle_steps, temperature and seed, the slot count and the prompt bucket. Per slot: the
+prompt. Sampling (``temperature > 0``) and stochastic policies draw from one generator for all slots, so a sampled
+row depends on its slot mates (as in `fused_generate`'s batches); they run uncompiled.
+"""
+
+import time
+import types
+import warnings
+from functools import partial
+
+import torch
+
+from tracelock import states
+from tracelock.decode.canvas import truncate_after
+from tracelock.decode.kv_cache import default_refresh_shift, validate_cache
+from tracelock.decode.loop import DecodeStats, _check_options, _fold_taps, _forward, _scatter
+from tracelock.decode.schedule import Schedule
+from tracelock.kernels.ref import (
+    apply_commits_ref,
+    commit_step_ref,
+    skip_finished_blocks_ref,
+    tap_project_ref,
+    window_logits_stats_ref,
+)
+from tracelock.models.backbone import KVCache
+from tracelock.policies import make_policy
+from tracelock.policies.base import Lookahead, StepInput
+from tracelock.signals import Signals, compute_signals
+
+# the packed flags of a step: live rows, rows that refresh, rows that take a cached step (16 bits each)
+_BITS = 16
+
+
+def prompt_bucket(prompt_len: int, gen_length: int, max_positions: int) -> int:
+    """The padded prompt length of an engine for prompts up to ``prompt_len`` tokens: ``prompt_len`` rounded up to a
+    multiple of 16 (up to 128), of 64 (up to 1024), else of 256, so prompts of similar lengths share shapes (and
+    compiled graphs); at most what the model allows beside ``gen_length``."""
+    room = max_positions - gen_length
+    if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
+        raise ValueError(f"prompt_len={prompt_len!r} must be a positive int")
+    if prompt_len > room:
+        raise ValueError(f"prompt ({prompt_len} tokens) + gen_length ({gen_length}) exceeds the model's "
+                         f"{max_positions} positions; shorten the prompt or lower gen_length")
+    step = 16 if prompt_len <= 128 else 64 if prompt_len <= 1024 else 256
+    return min(-(-prompt_len // step) * step, room)
+
+
+def row_bucket(n: int, slots: int) -> int:
+    """Rows a forward runs for ``n`` rows that need it: the next power of two, at most ``slots``."""
+    return min(slots, 1 << max(0, n - 1).bit_length())
+
+
+def _skip_finished_blocks(state, block_idx, region_step, region_initial, steps, rows, P, block, num_regions, S,
+                          idle_steps):
+    """`skip_finished_blocks_ref` without its data-dependent loop: a row moves to the first block, at or after its
+    own, that it may not skip (a skippable block is empty, not the last, and with ``idle_steps`` has seen its
+    budget spent), which is where the reference's one-block-at-a-time loop stops. In place."""
+    N = state.shape[0]
+    counts = (state[:, P:P + num_regions * block] == states.ACTIVE).reshape(N, num_regions, block).sum(-1)
+    j = torch.arange(num_regions, device=state.device)
+    skippable = (counts == 0) & (j < num_regions - 1)
+    if idle_steps:
+        skippable &= steps[:, None] >= (j + 1) * S
+    stop = (j >= block_idx[:, None]) & ~skippable  # true at the last block at the latest
+    new = stop.to(torch.uint8).argmax(1)
+    moved = rows & (new != block_idx)
+    region_step.copy_(torch.where(moved, 0, region_step))
+    region_initial.copy_(torch.where(moved, counts.gather(1, new[:, None]).squeeze(1), region_initial))
+    block_idx.copy_(torch.where(moved, new, block_idx))
+
+
+def _own_code(method, *args):
+    """``method`` (bound) with ``args`` as the defaults of its parameters, as a function with a code object of its
+    own, to call without arguments. torch.compile keeps compiled graphs, and counts recompiles against its limit, per
+    code object (a ``functools.partial`` would share its wrapper's): each graph of each engine gets its own, so
+    engines of other settings (or the other row counts of this one) never evict or crowd out this one's graph."""
+    func = method.__func__
+    copy = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__, args or func.__defaults__,
+                              func.__closure__)
+    return types.MethodType(copy, method.__self__)
+
+
+class _CapturedStep:
+    """A step function replayed from a CUDA graph: its first call runs it (on a side stream, as CUDA graph capture
+    wants: lazy device moves and allocator warm-up happen there), its second captures and replays it."""
+
+    def __init__(self, fn, pool):
+        self.fn, self.pool, self.graph, self.out, self.warm = fn, pool, None, None, False
+
+    def __call__(self):
+        if self.graph is None:
+            if not self.warm:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    out = self.fn()
+                torch.cuda.current_stream().wait_stream(side)
+                self.warm = True
+                return out
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.out = self.fn()
+            self.graph = graph
+        # capturing records without running: this call's work is the replay
+        self.graph.replay()
+        return self.out
+
+
+class DecodeEngine:
+    """A fixed set of decoding slots over static shapes (see the module docstring).
+
+    Args:
+        model (DiffusionBackbone): from `tracelock.load_model`.
+        slots (int): batch rows. Default: 1.
+        prompt_len (int): the prompt bucket: every prompt is left-padded to this length; longer ones are refused.
+            Use `prompt_bucket` to pick it. Default: 64.
+        compile (bool | str): True runs the graphs through ``torch.compile(fullgraph=True)`` (inductor; on CUDA
+            with CUDA graphs, ``mode="reduce-overhead"``); "cudagraphs" (CUDA only) captures the uncompiled step
+            functions as CUDA graphs, no compile time. Sampling and stochastic policies cannot (their draws come from
+            a ``torch.Generator``): they warn and run uncompiled. Default: False.
+        backend (str | callable, optional): the torch.compile backend with ``compile=True``. Default: inductor.
+        Everything else is `fused_generate`'s, fixed for every slot of the engine (``cfg_scale`` is not supported;
+        ``observer`` neither: use `fused_generate`).
+
+    Examples::
+
+        engine = DecodeEngine(model, slots=8, gen_length=64, block=16, policy="threshold", cache="dual")
+        slot = engine.admit(prompt_ids)
+        while not engine.finished(slot):
+            engine.step()
+        tokens, stats = engine.result(slot)
+        engine.release(slot)
+    """
+
+    def __init__(self, model, *, policy, gen_length, slots=1, prompt_len=64, block=None, window=None,
+                 policy_args=None, stop_at_eot=False, idle_steps=False, cache=None, refresh_every=None,
+                 refresh_shift=None, temperature=0.0, seed=0, compile=False, backend=None):
+        _check_options(model, temperature, 0.0)
+        if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots < 1 << _BITS:
+            raise ValueError(f"slots={slots!r} must be an int in [1, {(1 << _BITS) - 1}] (the batch rows)")
+        schedule = Schedule(gen_length, block, window, idle_steps, skip_finished_blocks_ref)
+        validate_cache(cache, refresh_every, refresh_shift, schedule.kind, 0.0)
+        if cache is not None and refresh_shift is None and schedule.kind == "window":
+            refresh_shift = default_refresh_shift(window)
+        spec = model.spec
+        if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
+            raise ValueError(f"prompt_len={prompt_len!r} must be a positive int (the prompt bucket)")
+        if prompt_len + gen_length > spec.max_positions:
+            raise ValueError(f"prompt_len ({prompt_len}) + gen_length ({gen_length}) exceeds the model's "
+                             f"{spec.max_positions} positions; use prompt_bucket() or lower gen_length")
+        self.model, self.spec, self.device = model, spec, model.device
+        self.policy = make_policy(policy, **(policy_args or {}))
+        if not isinstance(self.policy.name, str) or self.policy.name == "oracle":
+            raise ValueError("the oracle policy indexes a reference canvas by fused_generate's batch rows, which an "
+                             "engine's slots are not; run it with fused_generate (the eager loop)")
+        self.policy.setup(gen_length=gen_length, num_regions=schedule.num_regions)
+        self.schedule = schedule
+        self.N, self.P, self.G = slots, prompt_len, gen_length
+        self.L, self.R, self.S = prompt_len + gen_length, schedule.width, self.policy.steps_per_region()
+        schedule.bind(prompt_len, self.S)
+        self.cache, self.refresh_every, self.refresh_shift = cache, refresh_every, refresh_shift
+        self.stop_at_eot, self.temperature, self.seed = stop_at_eot, temperature, seed
+        self.settings = dict(policy=repr(self.policy), gen_length=gen_length, block=block, window=window,
+                             schedule=schedule.kind, temperature=temperature, cfg_scale=0.0, stop_at_eot=stop_at_eot,
+                             idle_steps=idle_steps, seed=seed, cache=cache, refresh_every=refresh_every,
+                             refresh_shift=refresh_shift)
+        self.stochastic = temperature > 0 or not self.policy.deterministic
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        # the eager loop's step budget: a policy that never commits would loop forever
+        self.max_steps = 2 * (gen_length + schedule.num_regions * self.S) + 8
+        self.lookahead = gen_length - self.R if self.policy.eot_lookahead and cache != "dual" else 0
+        self.shift = spec.logit_shift
+        self.Q = self._cached_width(schedule)
+        self._setup_ops()
+        self._allocate()
+        self.forwards = 0  # batched forward calls so far (a step that refreshes some rows and not others runs two)
+        self._occupied = [False] * slots
+        self._admitted_at = [0] * slots  # the engine's step count and wall clock when each slot's prompt came in
+        self._started = [0.0] * slots
+        self._prompts = [None] * slots
+        self._steps = 0
+        self.last_step = (0, 0, 0)
+        self._compile(compile, backend)
+
+    # ---- setup --------------------------------------------------------------------------------------------------
+
+    def _cached_width(self, schedule) -> int:
+        """Query rows of a cached step, the widest span [pointer - shift, end) any cached row can have."""
+        if self.cache is None:
+            return 0
+        if self.cache == "prefix":
+            width = self.G  # the pointer is at least P: [pointer, L)
+        elif schedule.kind == "block":
+            width = schedule.block  # a cached row's block starts at its pointer
+        elif schedule.kind == "window":
+            # a cached row's window start moved less than refresh_shift past the pointer
+            width = min(self.G, self.refresh_shift - 1 + schedule.window)
+        else:
+            width = self.G
+        return width + self.shift
+
+    def _setup_ops(self):
+        """The per-step ops inside the graphs: the torch specs on CPU (inductor fuses them), the Triton kernels on
+        CUDA where Triton is installed."""
+        from tracelock import ops
+
+        kernels = "torch"
+        if self.device.type == "cuda" and ops._triton_state(self.device) is None:
+            kernels = "triton"
+        if kernels == "triton":
+            from tracelock.kernels.commit_step import commit_step_triton
+            from tracelock.kernels.tap_project import tap_project_triton
+            from tracelock.kernels.window_logits_stats import window_logits_stats_triton
+
+            head, project, commit = window_logits_stats_triton, tap_project_triton, commit_step_triton
+        else:
+            head, project, commit = window_logits_stats_ref, tap_project_ref, commit_step_ref
+        self.head_op = head if self.temperature == 0 else None
+        self.commit_op = commit
+        self.tap_op = None
+        if self.head_op is not None and self.policy.needs_taps:
+            fold = self.policy.tap_fold(self.model)
+            if fold is not None:
+                self.tap_op = partial(_fold_taps, project, *fold)
+
+    def _allocate(self):
+        N, L, dev, spec = self.N, self.L, self.device, self.spec
+        long = dict(dtype=torch.long, device=dev)
+        self.x = torch.full((N, L), spec.pad_id, **long)
+        self.state = torch.full((N, L), states.PROMPT, dtype=torch.uint8, device=dev)
+        self.attention_mask = torch.ones((N, L), dtype=torch.bool, device=dev)
+        self.first_active = torch.full((N,), L, **long)  # L: the slot has nothing to decode (free or finished)
+        self.block_idx, self.region_step = torch.zeros(N, **long), torch.zeros(N, **long)
+        self.region_initial, self.steps = torch.zeros(N, **long), torch.zeros(N, **long)
+        self.commit_log = torch.zeros((N, self.max_steps + 1), dtype=torch.int32, device=dev)
+        self.end_ids = torch.tensor(spec.end_ids, **long)
+        # the forwards write the rows they ran into these (row N is the sink of padding rows)
+        width = self.R + self.lookahead
+        self.scores = (torch.zeros((N + 1, width), **long),) + tuple(
+            torch.zeros((N + 1, width), device=dev) for _ in range(4))
+        self.taps = None
+        if self.policy.needs_taps:
+            X = spec.hidden_size if self.tap_op is None else self.tap_op.args[-1].shape[0]
+            count = 3 if self.tap_op is None else 1
+            dtype = self.model.dtype if self.tap_op is None else torch.float32
+            self.taps = tuple(torch.zeros((N + 1, L, X), dtype=dtype, device=dev) for _ in range(count))
+        if self.cache is not None:
+            self.pointer, self.since, self.refreshes = (torch.zeros(N, **long) for _ in range(3))
+            shape = (N + 1, spec.num_kv_heads, L, spec.head_dim)
+            self.kv = KVCache([torch.zeros(shape, dtype=self.model.dtype, device=dev) for _ in range(spec.num_layers)],
+                              [torch.zeros(shape, dtype=self.model.dtype, device=dev) for _ in range(spec.num_layers)])
+            self.stored_taps = None if self.taps is None else tuple(torch.zeros_like(t) for t in self.taps)
+
+    def _compile(self, compile, backend):
+        if compile not in (False, True, "cudagraphs"):
+            raise ValueError(f"compile={compile!r} must be False, True (torch.compile) or 'cudagraphs' (CUDA graphs "
+                             "of the uncompiled step, captured at once)")
+        if compile == "cudagraphs" and self.device.type != "cuda":
+            raise ValueError("compile='cudagraphs' captures CUDA graphs and needs a model on CUDA; on a CPU use "
+                             "compile=True (torch.compile)")
+        if compile and self.stochastic:
+            warnings.warn("compile=True: sampling (temperature > 0) and stochastic policies draw from a "
+                          "torch.Generator, which a compiled graph cannot take; this engine runs its steps uncompiled",
+                          stacklevel=3)
+            compile = False
+        self.compile_mode, self.compiled = compile, bool(compile)
+        # the step functions, each called without arguments: ``wrap(method, *args)``
+        if compile is True:
+            backend = backend or "inductor"
+            # CUDA graphs on CUDA: a step's kernels replay without a launch each
+            mode = "reduce-overhead" if self.device.type == "cuda" and backend == "inductor" else None
+            compile_fn = partial(torch.compile, fullgraph=True, dynamic=False, mode=mode, backend=backend)
+            self._wrap = lambda method, *args: compile_fn(_own_code(method, *args))
+        elif compile == "cudagraphs":
+            pool = torch.cuda.graph_pool_handle()
+            self._wrap = lambda method, *args: _CapturedStep(partial(method, *args), pool)
+        else:
+            self._wrap = partial
+        if self.device.type == "cuda" and compile is True:
+            # CUDA graphs replay fixed addresses: the engine's state must stay where it is
+            for t in self._state_tensors():
+                torch._dynamo.mark_static_address(t)
+        self._forward_fns = {}
+        self._prepare = self._wrap(self._prepare_impl)
+        self._finish = self._wrap(self._finish_impl, self.generator if self.stochastic else None)
+
+    def _state_tensors(self):
+        out = [self.x, self.state, self.attention_mask, self.first_active, self.block_idx, self.region_step,
+               self.region_initial, self.steps, self.commit_log, *self.scores, *(self.taps or ())]
+        if self.cache is not None:
+            out += [self.pointer, self.since, self.refreshes, *self.kv.keys, *self.kv.values,
+                    *(self.stored_taps or ())]
+        return out
+
+    def _forward_fn(self, kind: str, k: int):
+        key = kind, k
+        if key not in self._forward_fns:
+            method = {"plain": self._forward_plain, "refresh": self._forward_refresh,
+                      "cached": self._forward_cached}[kind]
+            self._forward_fns[key] = self._wrap(method, k)
+        return self._forward_fns[key]
+
+    # ---- slots --------------------------------------------------------------------------------------------------
+
+    def free_slots(self) -> list:
+        """Slots that hold no prompt (admit fills them)."""
+        return [i for i, busy in enumerate(self._occupied) if not busy]
+
+    def admit(self, prompt, slot: int | None = None) -> int:
+        """Put a prompt (token ids) into a free slot; it decodes from the next `step`. Returns the slot."""
+        ids = torch.as_tensor(prompt, dtype=torch.long).flatten()
+        n = ids.numel()
+        if n == 0:
+            raise ValueError("the prompt is empty; every prompt needs at least one token (with a chat model, apply "
+                             "the chat template first)")
+        if n > self.P:
+            raise ValueError(f"the prompt has {n} tokens but this engine's prompt bucket is {self.P}; build an engine "
+                             f"with prompt_len=prompt_bucket({n}, ...) for it")
+        if bool((ids == self.spec.mask_id).any()):
+            raise ValueError(f"the prompt contains the mask token (id {self.spec.mask_id}); remove it: the decoder "
+                             "would treat it as prompt text, not as a position to fill")
+        if slot is not None:
+            self._check_slot(slot)
+        if slot is None:
+            free = self.free_slots()
+            if not free:
+                raise RuntimeError(f"all {self.N} slots are busy; call step() until a row finishes and release() it")
+            slot = free[0]
+        elif self._occupied[slot]:
+            raise RuntimeError(f"slot {slot} is busy; release() it first or pass slot=None for any free slot")
+        P = self.P
+        self.x[slot] = self.spec.pad_id
+        self.x[slot, P - n:P] = ids.to(self.device)
+        self.x[slot, P:] = self.spec.mask_id
+        self.state[slot, :P] = states.PROMPT
+        self.state[slot, P:] = states.ACTIVE
+        self.attention_mask[slot, :P - n] = False
+        self.attention_mask[slot, P - n:] = True
+        self.first_active[slot] = P
+        self.block_idx[slot] = self.region_step[slot] = self.steps[slot] = 0
+        self.commit_log[slot] = 0
+        # the schedule region's active count when it begins (LLaDA's M): the first block, or the whole generation
+        self.region_initial[slot] = self.schedule.block if self.schedule.kind == "block" else self.G
+        if self.cache is not None:
+            self.pointer[slot] = self.since[slot] = self.refreshes[slot] = 0
+        self._occupied[slot], self._prompts[slot] = True, ids
+        self._admitted_at[slot], self._started[slot] = self._steps, time.perf_counter()
+        return slot
+
+    def release(self, slot: int) -> None:
+        """Free a slot, finished or not (a cancelled row stops decoding at once)."""
+        self._check_slot(slot)
+        self.state[slot] = states.PROMPT
+        self.x[slot] = self.spec.pad_id
+        self.attention_mask[slot] = True
+        self.first_active[slot] = self.L
+        self._occupied[slot], self._prompts[slot] = False, None
+
+    cancel = release
+
+    def reset(self) -> None:
+        """Free every slot and restart the generator from the engine's seed (a fresh run on the same graphs)."""
+        for slot in range(self.N):
+            if self._occupied[slot]:
+                self.release(slot)
+        # a policy object may have been set up for other settings since (setup is cheap and idempotent)
+        self.policy.setup(gen_length=self.G, num_regions=self.schedule.num_regions)
+        self.generator.manual_seed(self.seed)
+
+    def _check_slot(self, slot):
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.N:
+            raise ValueError(f"slot={slot!r} must be an int in [0, {self.N})")
+
+    def busy_slots(self) -> list:
+        """Slots that hold a prompt, decoding or finished (not yet released)."""
+        return [i for i, busy in enumerate(self._occupied) if busy]
+
+    def finished_slots(self) -> list:
+        """Busy slots whose row is done (one host read for all of them): release them to free the slot."""
+        done = (self.first_active == self.L).tolist()
+        return [i for i in self.busy_slots() if done[i]]
+
+    def finished(self, slot: int) -> bool:
+        """The slot's row has no masked position left (reads one scalar from the device)."""
+        self._check_slot(slot)
+        if not self._occupied[slot]:
+            raise ValueError(f"slot {slot} holds no prompt")
+        return int(self.first_active[slot]) == self.L
+
+    def prefix(self, slot: int) -> list:
+        """The committed left-to-right prefix of the slot's generation: the generated tokens before its first
+        still-masked position, cut before the first end token (what a stream may already send)."""
+        self._check_slot(slot)
+        gen = self.x[slot, self.P:int(self.first_active[slot])].tolist()
+        ends = set(self.spec.end_ids)
+        cut = next((i for i, t in enumerate(gen) if t in ends), len(gen))
+        return gen[:cut]
+
+    def result(self, slot: int):
+        """(tokens [1, n + gen_length], DecodeStats) of the slot's row: what `fused_generate` returns for its prompt
+        alone with the engine's settings (``forwards`` = the row's steps; ``seconds`` since its admission)."""
+        self._check_slot(slot)
+        if not self._occupied[slot]:
+            raise ValueError(f"slot {slot} holds no prompt")
+        prompt = self._prompts[slot]
+        n = prompt.numel()
+        tokens = self.x[slot:slot + 1, self.P - n:].clone()
+        steps = int(self.steps[slot])
+        gen = tokens[0, n:]
+        is_end = torch.isin(gen, self.end_ids)
+        gen_length = int(is_end.to(torch.uint8).argmax()) if bool(is_end.any()) else self.G
+        stats = DecodeStats(steps=[steps], forwards=steps, commits_per_step=[self.commit_log[slot, :steps].tolist()],
+                            seconds=time.perf_counter() - self._started[slot], gen_lengths=[gen_length],
+                            refreshes=[int(self.refreshes[slot])] if self.cache is not None else [0],
+                            settings=dict(self.settings))
+        return tokens, stats
+
+    # ---- one step -------------------------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One decoding step of every live slot. Returns False (and runs nothing) when no slot is live.
+
+        The only host read is the packed count of live, refreshing and cached rows."""
+        with torch.no_grad():
+            packed = self._prepare()
+            flags = int(packed)
+            mask = (1 << _BITS) - 1
+            live, refresh, cached = flags & mask, (flags >> _BITS) & mask, (flags >> 2 * _BITS) & mask
+            self.last_step = live, refresh, cached  # rows that ran, refreshed, took a cached step
+            if live == 0:
+                return False
+            self._check_budget()
+            if self.cache is None:
+                self._forward_fn("plain", row_bucket(live, self.N))()
+                self.forwards += 1
+            else:
+                if refresh:
+                    self._forward_fn("refresh", row_bucket(refresh, self.N))()
+                if cached:
+                    self._forward_fn("cached", row_bucket(cached, self.N))()
+                self.forwards += bool(refresh) + bool(cached)
+            self._finish()
+        self._steps += 1
+        return True
+
+    def _check_budget(self):
+        """The eager loop's error for a policy that never commits, checked on the host from admission times (the
+        device is read only once a slot is past its budget)."""
+        old = [i for i in self.busy_slots() if self._steps - self._admitted_at[i] >= self.max_steps]
+        if old and any(int(self.first_active[i]) < self.L for i in old):
+            raise RuntimeError(f"policy {self.policy!r} left positions uncommitted after {self.max_steps} steps; "
+                               "a policy must commit at least one active position within its step budget")
+
+    def _bounds(self, block_idx, first_active):
+        """(lo, hi, pos, valid, gather_pos) of rows: the commit region [lo, hi) and its R slots."""
+        lo, hi = self.schedule.commit_bounds(block_idx, first_active)
+        pos = lo[:, None] + torch.arange(self.R, device=lo.device)
+        return lo, hi, pos, pos < hi[:, None], pos.clamp(max=self.L - 1)
+
+    def _needs_refresh(self, live, lo):
+        need = self.since == 0
+        # blocks refresh when the block start moves at all
+        shift = 1 if self.schedule.kind == "block" else self.refresh_shift
+        if shift is not None:
+            need |= lo - self.pointer >= shift
+        if self.refresh_every is not None:
+            need |= self.since >= self.refresh_every
+        return need & live
+
+    def _parts(self):
+        """[N] bool each: live rows, rows that refresh at this step, rows that take a cached step."""
+        live = self.first_active < self.L
+        if self.cache is None:
+            return live, None, None
+        lo, *_ = self._bounds(self.block_idx, self.first_active)
+        need = self._needs_refresh(live, lo)
+        return live, need, live & ~need
+
+    def _prepare_impl(self):
+        live, need, cached = self._parts()
+        packed = live.sum()
+        if need is not None:
+            packed = packed + (need.sum() << _BITS) + (cached.sum() << 2 * _BITS)
+        return packed
+
+    def _rows(self, k: int, mask):
+        """(rows [k], valid [k], target [k]): the first k rows of ``mask`` in slot order (padded with others), which
+        of them are in ``mask``, and where their outputs go (row N, the sink, for padding rows)."""
+        if k == self.N:
+            rows = torch.arange(self.N, device=mask.device)
+        else:
+            rows = torch.sort((~mask).to(torch.uint8), stable=True).indices[:k]
+        valid = mask[rows]
+        return rows, valid, torch.where(valid, rows, self.N)
+
+    def _query(self, rows):
+        """Canvas positions whose logits the step scores, [k, R + lookahead], and the commit bounds of ``rows``."""
+        lo, hi, pos, valid, gather_pos = self._bounds(self.block_idx[rows], self.first_active[rows])
+        query = gather_pos
+        if self.lookahead:
+            tail = hi[:, None] + torch.arange(self.lookahead, device=hi.device)
+            query = torch.cat([gather_pos, tail.clamp(max=self.L - 1)], dim=1)
+        return query, lo, hi
+
+    def _store_outputs(self, target, scores, taps):
+        if self.head_op is not None:
+            proposal, max_prob, second_prob, neg_entropy, eos_prob = scores
+            scores = (proposal, max_prob, max_prob - second_prob, neg_entropy, eos_prob)
+        else:
+            s = compute_signals(scores, eos_id=self.spec.eos_id, temperature=self.temperature,
+                                generator=self.generator, tempered=self.spec.family == "dream")
+            scores = (s.proposal, s.confidence, s.margin, s.neg_entropy, s.eos_prob)
+        for buf, value in zip(self.scores, scores):
+            buf.index_copy_(0, target, value.to(buf.dtype))
+        if taps is not None:
+            for buf, value in zip(self.taps, taps):
+                buf.index_copy_(0, target, value.to(buf.dtype))
+
+    def _canvas(self, rows):
+        from tracelock.decode.canvas import Canvas
+
+        return Canvas(x=self.x[rows], state=self.state[rows], attention_mask=self.attention_mask[rows],
+                      prompt_len=self.P, gen_length=self.G)
+
+    def _tap_positions(self, k):
+        return torch.arange(self.L, device=self.device).expand(k, -1) if self.policy.needs_taps else None
+
+    def _forward_plain(self, k: int):
+        live, _, _ = self._parts()
+        rows, _, target = self._rows(k, live)
+        query, _, _ = self._query(rows)
+        scores, taps, _ = _forward(self.model, self._canvas(rows), slice(None), query, self._tap_positions(k), 0.0,
+                                   head_op=self.head_op, tap_op=self.tap_op)
+        self._store_outputs(target, scores, taps)
+
+    def _forward_refresh(self, k: int):
+        _, need, _ = self._parts()
+        rows, _, target = self._rows(k, need)
+        query, _, _ = self._query(rows)
+        scores, taps, kv = _forward(self.model, self._canvas(rows), slice(None), query, self._tap_positions(k), 0.0,
+                                    head_op=self.head_op, tap_op=self.tap_op, store_kv=True)
+        for mine, theirs in zip(self.kv.keys + self.kv.values, kv.keys + kv.values):
+            mine.index_copy_(0, target, theirs)
+        if taps is not None:
+            for mine, theirs in zip(self.stored_taps, taps):
+                mine.index_copy_(0, target, theirs.to(mine.dtype))
+        self._store_outputs(target, scores, taps)
+
+    def _forward_cached(self, k: int):
+        _, need, cached = self._parts()
+        rows, _, target = self._rows(k, cached)
+        query, lo, hi = self._query(rows)
+        start = self.pointer[rows]
+        end = torch.full_like(hi, self.L) if self.cache == "prefix" else hi
+        span = torch.arange(self.Q, device=self.device)
+        # padding rows (not cached this step) span from their first slot (a finished row's slots sit at L - 1, left
+        # of its region's start L), so the positions they ask for are there too
+        start = torch.where(cached[rows], start, query[:, 0])
+        recompute = ((start - self.shift)[:, None] + span).minimum(end[:, None] - 1).clamp(0, self.L - 1)
+        fresh = None
+        if self.policy.needs_taps:
+            fresh = (start[:, None] + span[:self.Q - self.shift]).minimum(end[:, None] - 1).clamp(0, self.L - 1)
+        if k == self.N:  # every row in slot order: the cache itself (no copy), without the sink row
+            kv = KVCache([t[:k] for t in self.kv.keys], [t[:k] for t in self.kv.values])
+        else:
+            kv = self.kv.select(rows)
+        scores, taps, _ = _forward(self.model, self._canvas(rows), slice(None), query, fresh, 0.0,
+                                   head_op=self.head_op, tap_op=self.tap_op, kv_cache=kv, query_positions=recompute,
+                                   check_query=False)  # the positions lie in the query by construction
+        if taps is not None:
+            index = fresh[..., None]
+            taps = tuple(stored[rows].scatter(1, index.expand(-1, -1, new.shape[-1]), new.to(stored.dtype))
+                         for stored, new in zip(self.stored_taps, taps))
+        self._store_outputs(target, scores, taps)
+
+    def _finish_impl(self, generator):
+        N, L, R, dev = self.N, self.L, self.R, self.device
+        live, need, _ = self._parts()
+        lo, hi, pos, valid, gather_pos = self._bounds(self.block_idx, self.first_active)
+        state, x = self.state, self.x
+        active = valid & (state.gather(1, gather_pos) == states.ACTIVE)
+        fields = [buf[:N] for buf in self.scores]
+        signals = Signals(*(f[:, :R] for f in fields))
+        ahead = None
+        if self.lookahead:
+            tail_pos = hi[:, None] + torch.arange(self.lookahead, device=dev)
+            tail_active = (tail_pos < L) & (state.gather(1, tail_pos.clamp(max=L - 1)) == states.ACTIVE)
+            ahead = Lookahead(Signals(*(f[:, R:] for f in fields)), tail_active, tail_pos.clamp(max=L - 1))
+        taps = tap_inputs = None
+        if self.taps is not None:
+            taps = tuple(t[:N] for t in self.taps)
+            if self.tap_op is not None:
+                (tap_inputs,), taps = taps, None
+        step_input = StepInput(signals=signals, active=active, region_step=self.region_step,
+                               region_initial=self.region_initial, steps_per_region=self.S,
+                               region_active=self.schedule.region_active(state, self.block_idx),
+                               positions=gather_pos, state=state, rows=torch.arange(N, device=dev), taps=taps,
+                               tap_inputs=tap_inputs, attention_mask=self.attention_mask, lookahead=ahead)
+        scatter_pos = torch.where(valid, pos, L)
+        # as the eager loop: the commit_step op closes the step when the policy's rule is its rule (stop_at_eot
+        # needs the tail fill of apply_commits)
+        rule = None if self.stop_at_eot else self.policy.commit_rule(step_input)
+        if rule is not None:
+            score, tau, theta, cap = rule
+            was_active = (state == states.ACTIVE).sum(1)
+            first_active, _ = self.commit_op(score, tau, active, signals.proposal, scatter_pos, x, state, self.end_ids,
+                                             theta, cap)
+            committed = was_active - (state == states.ACTIVE).sum(1)
+        else:
+            chosen, cut = self.policy.decide(step_input, generator)
+            chosen = chosen & active
+            proposal = _scatter(signals.proposal, x, scatter_pos)
+            commit = _scatter(chosen, torch.zeros_like(x, dtype=torch.bool), scatter_pos)
+            first_active = apply_commits_ref(x, state, proposal, commit, self.end_ids, self.spec.pad_id,
+                                             self.stop_at_eot)
+            committed = chosen.sum(1)
+            if cut is not None:
+                first_active = truncate_after(x, state, self.attention_mask, torch.where(live, cut, L),
+                                              self.spec.pad_id)
+        self.first_active.copy_(first_active)
+        # the row's commit count at its step index (a finished row writes into the spare last column)
+        at = torch.where(live, self.steps, self.max_steps).clamp(max=self.max_steps)
+        self.commit_log.scatter_(1, at[:, None], committed.to(torch.int32)[:, None])
+        self.steps.add_(live.long())
+        self.region_step.add_(live.long())
+        if self.schedule.kind == "block":
+            sch = self.schedule
+            _skip_finished_blocks(state, self.block_idx, self.region_step, self.region_initial, self.steps, live,
+                                  self.P, sch.block, sch.num_regions, self.S, sch.idle_steps)
+        if self.cache is not None:
+            self.pointer.copy_(torch.where(need, lo, self.pointer))
+            self.refreshes.add_(need.long())
+            self.since.copy_(torch.where(need, 0, self.since) + live.long())
