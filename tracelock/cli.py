@@ -180,11 +180,13 @@ def build_parser():
 
 
 def main(argv=None):
+    from tracelock.atomic import OutputError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
-    except (ValueError, TypeError, FileNotFoundError) as err:
-        # bad input: one clear line, no traceback
+    except (ValueError, TypeError, FileNotFoundError, OutputError) as err:
+        # bad input, a corrupt file, a full disk or a busy output folder: one clear line, no traceback
         print(f"tracelock {args.command}: error: {err}", file=sys.stderr)
         return 2
 
