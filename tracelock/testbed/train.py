@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from tracelock.atomic import atomic_write, atomic_write_json
+from tracelock.atomic import atomic_write_json, folder_lock, remove_stale_temps
+from tracelock.integrity import load_tensors, read_json, save_tensors
 from tracelock.models.backbone import DiffusionBackbone
 from tracelock.models.loading import load_tokenizer
 from tracelock.models.spec import ModelSpec
@@ -243,18 +243,34 @@ def probe(model, tokenizer, tasks, n: int) -> dict:
         model.train(was_training)
 
 
+_RESTORE = "restore the run folder from a copy, or train again into a new --out"
+
+
 def _save_state(out: Path, model, opt, step: int, log: dict) -> None:
+    """Weights and moments in ``train_state-<step>.safetensors``, then ``train_state.json`` naming it: the JSON is
+    replaced last, so a kill between the two leaves the previous consistent pair (one file name for every step
+    would pair new weights with the old step)."""
     tensors = {f"model/{n}": p.detach().cpu().contiguous() for n, p in model.named_parameters()}
     for n, p in model.named_parameters():
         for k, v in opt.state.get(p, {}).items():
             tensors[f"opt/{n}/{k}"] = v.detach().reshape(v.shape).cpu().contiguous()
-    atomic_write(out / "train_state.safetensors", lambda p: save_file(tensors, p))
-    atomic_write_json(out / "train_state.json", {**log, "step": step})
+    name = f"train_state-{step:08d}.safetensors"
+    save_tensors(out / name, tensors)
+    atomic_write_json(out / "train_state.json", {**log, "step": step, "file": name})
+    for old in [*out.glob("train_state-*.safetensors"), out / "train_state.safetensors"]:
+        if old.name != name:
+            old.unlink(missing_ok=True)
+
+
+def state_file(out) -> Path:
+    """The weights-and-moments file that ``train_state.json`` names (``train_state.safetensors`` in older runs)."""
+    log = read_json(Path(out) / "train_state.json", fix=_RESTORE)
+    return Path(out) / log.get("file", "train_state.safetensors")
 
 
 def _load_state(out: Path, model, opt) -> tuple:
-    log = json.loads((out / "train_state.json").read_text())
-    tensors = load_file(str(out / "train_state.safetensors"))
+    log = read_json(out / "train_state.json", fix=_RESTORE)
+    tensors = load_tensors(state_file(out), fix=_RESTORE)
     params = dict(model.named_parameters())
     with torch.no_grad():
         for n, p in params.items():
@@ -349,8 +365,16 @@ def _deterministic_algorithms():
 def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_after: int | None = None) -> Path:
     """Run (or resume) training; returns the run folder, which holds the final weights when it completes.
 
-    ``stop_after`` ends the process-level run early after that step's state is saved (an interruption).
+    ``stop_after`` ends the process-level run early after that step's state is saved (an interruption). A second
+    run into the same folder is refused while this one holds it.
     """
+    with folder_lock(cfg.out):
+        out = _train(cfg, resume, progress, stop_after)
+        remove_stale_temps(out)  # files a killed run left half-written
+    return out
+
+
+def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | None) -> Path:
     out = Path(cfg.out)
     if not 0 <= cfg.ar_steps < cfg.steps:
         raise ValueError(f"ar_steps={cfg.ar_steps} must be at least 0 and below steps={cfg.steps}: pass "

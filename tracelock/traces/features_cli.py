@@ -34,7 +34,7 @@ def _featurize(args):
     model = _load(args)
     encoder = load_encoder(args.encoder, model)
     summary = featurize(model, encoder, iter_traces(args.traces), args.out, dtype=args.dtype, steps=args.steps,
-                        batch_size=args.batch_size, shard_bytes=args.shard_mb << 20)
+                        batch_size=args.batch_size, shard_bytes=max(1, round(args.shard_mb * (1 << 20))))
     summary["bytes_per_trace"] = cache_bytes_per_trace(args.out) if summary["added"] + summary["skipped"] else 0
     print(json.dumps(dict(out=args.out, **summary)))
 
@@ -67,5 +67,6 @@ def add_parsers(sub):
     p.add_argument("--dtype", choices=["fp16", "int8"], default="fp16", help="code precision (int8: per-row scale)")
     p.add_argument("--steps", choices=["recorded", "all"], default="recorded",
                    help="replay the trace's recorded steps or every forward")
-    p.add_argument("--shard-mb", type=int, default=256, help="shard size in MiB")
+    p.add_argument("--shard-mb", type=float, default=256,
+                   help="shard size in MiB (default 256; a fraction makes small shards)")
     p.set_defaults(func=_featurize)
