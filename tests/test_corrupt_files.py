@@ -229,15 +229,14 @@ FIXES = ("delete", "re-run", "rerun", "rebuild", "refit", "restore", "train", "d
 
 
 @pytest.mark.parametrize("reader,damage,copy,target,apply,read", CASES, ids=[f"{c[0]}: {c[1]}" for c in CASES])
-def test_a_damaged_file_is_refused_by_name(made, tmp_path, reader, damage, copy, target, apply, read, capsys):
+def test_a_damaged_file_is_refused_by_name(made, tmp_path, reader, damage, copy, target, apply, read):
     copied = _copy(made, tmp_path, copy)
     apply(tmp_path / target)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     with pytest.raises(CLEAR) as err:
         read(copied, made)()
     message = str(err.value)
-    with capsys.disabled():
-        print(f"\n| {reader} | {damage} | {type(err.value).__name__}: {message.replace(str(tmp_path) + '/', '')} |")
+    print(f"\n| {reader} | {damage} | {type(err.value).__name__}: {message.replace(str(tmp_path) + '/', '')} |")
     assert NAMES.get(damage, Path(target).name) in message, message  # names the file
     assert any(word in message for word in FIXES), message  # and what to do
     assert {p: p.read_bytes() for p in before} == before  # nothing was rewritten
