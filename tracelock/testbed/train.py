@@ -368,24 +368,24 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
     ``stop_after`` ends the process-level run early after that step's state is saved (an interruption). A second
     run into the same folder is refused while this one holds it.
     """
+    # bad settings are refused before the run folder exists
+    if not 0 <= cfg.ar_steps < cfg.steps:
+        raise ValueError(f"ar_steps={cfg.ar_steps} must be at least 0 and below steps={cfg.steps}: pass "
+                         "--ar-steps smaller than --steps (the masked objective needs steps of its own)")
+    device = _training_device(cfg.device)
     with folder_lock(cfg.out):
-        out = _train(cfg, resume, progress, stop_after)
+        out = _train(cfg, device, resume, progress, stop_after)
         remove_stale_temps(out)  # files a killed run left half-written
     return out
 
 
-def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | None) -> Path:
+def _train(cfg: TrainConfig, device: torch.device, resume: bool, progress: bool, stop_after: int | None) -> Path:
     out = Path(cfg.out)
-    if not 0 <= cfg.ar_steps < cfg.steps:
-        raise ValueError(f"ar_steps={cfg.ar_steps} must be at least 0 and below steps={cfg.steps}: pass "
-                         "--ar-steps smaller than --steps (the masked objective needs steps of its own)")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     fresh = not (out / "train_state.json").exists()
     if not fresh and not resume:
         raise FileExistsError(f"{out} holds a training run; pass --resume to continue it or choose another --out")
-    device = _training_device(cfg.device)
-    out.mkdir(parents=True, exist_ok=True)
     model, tok = _build(cfg, out)
     model.to(device).train()
     opt = make_optimizer(cfg, model)
