@@ -102,10 +102,6 @@ def _append(text: str):
     return damage
 
 
-def _first(folder: Path, pattern: str) -> str:
-    return str(sorted(folder.glob(pattern))[0].relative_to(folder.parent))
-
-
 def _load_model(folder):
     return lambda: tracelock.load_model(folder)
 

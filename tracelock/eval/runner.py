@@ -9,7 +9,8 @@ Layout of a run folder (what `tracelock report` reads)::
 
 Resumable: an item is done once its line is in the JSONL, which is appended (and fsynced) only after the batch's
 traces are on disk; a torn last line from a crash is ignored and that item decoded again. Under torchrun, rank r
-of K takes items r, r + K, ... and writes its own files; rank 0 merges them after a barrier.
+of K takes items r, r + K, ... and writes its own files; rank 0 merges them after a barrier. Each rank holds a lock
+on the folder (``.lock-rank<r>``), so a second eval into it is refused rather than interleaved.
 """
 
 from __future__ import annotations

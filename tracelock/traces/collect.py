@@ -6,7 +6,8 @@ rank 0 merges the index and writes ``summary.json``. A re-run with the same argu
 done record are skipped, and a batch with an unfinished item is decoded again whole, so its rows see exactly the
 batch they saw before and the finished store holds the same traces as an uninterrupted run. Traces do not depend
 on the batch layout for deterministic policies at temperature 0 (batch == single, `tests/test_decode.py`), so K
-ranks and one process store the same traces; sampled policies depend on the layout.
+ranks and one process store the same traces; sampled policies depend on the layout. Each rank holds a lock on the
+folder (``.lock-rank<r>``): a second collect into it is refused. `tests/test_faults.py` kills it anywhere.
 """
 
 from __future__ import annotations
