@@ -5,7 +5,8 @@ result is compared with an uninterrupted run: byte-identical where the job is de
 
 Real subprocesses and real SIGKILLs (`tests/faults.py`); tiny sizes. ``TRACELOCK_FAULT_POINTS`` (default 1) sets the
 spread kill points per job, to which the last commit point (a data file renamed, its JSON record not yet) is added:
-two kills per job by default, about 5 CPU-minutes for the file; ``-s`` prints one line per kill.
+two kills per job by default (NOTE: 4.0 CPU-minutes for the file, 7 minutes on the shared 2-core test machine);
+``-s`` prints one line per kill.
 """
 
 import importlib.util
