@@ -44,3 +44,46 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
     with pytest.raises(RuntimeError):
         atomic_write(path, broken)
     assert path.read_text() == "old" and os.listdir(tmp_path) == ["a.txt"]
+
+
+def test_a_folder_lock_refuses_a_second_holder_and_outlives_no_killed_process(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from tracelock.atomic import FolderBusyError, folder_lock
+
+    with folder_lock(tmp_path, "lock-a"):
+        with pytest.raises(FolderBusyError, match=rf"{tmp_path} is being written by another tracelock process "
+                                                  rf"\(pid {os.getpid()}\); wait for it to finish"):
+            with folder_lock(tmp_path, "lock-a"):
+                pass
+        with folder_lock(tmp_path, "lock-b"):  # another name is another lock
+            pass
+    assert os.listdir(tmp_path) == []  # released and removed
+    # a holder killed with SIGKILL leaves its file behind, and the next run takes the lock over
+    code = (f"from tracelock.atomic import folder_lock\nwith folder_lock({str(tmp_path)!r}):\n"
+            "    print(1, flush=True)\n    input()\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert holder.stdout.readline() == b"1\n"
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert os.listdir(tmp_path) == [".lock"]
+    with folder_lock(tmp_path):
+        pass
+    assert os.listdir(tmp_path) == []
+
+
+def test_stale_temporaries_are_removed_and_nothing_else(tmp_path):
+    from tracelock.atomic import remove_stale_temps
+
+    for name in (".a.json.x1.tmp", ".block-4.safetensors.x2.tmp", ".block-40.json.x3.tmp", "keep.tmp", ".lock",
+                 "b.json"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / ".c.json.x4.tmp").write_text("x")
+    assert remove_stale_temps(tmp_path, prefix="block-4.") == 1
+    assert remove_stale_temps(tmp_path) == 2
+    assert sorted(os.listdir(tmp_path)) == [".lock", "b.json", "keep.tmp", "sub"]
+    assert remove_stale_temps(tmp_path, recursive=True) == 1
+

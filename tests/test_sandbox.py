@@ -159,7 +159,9 @@ def test_check_many_keeps_order_and_runs_concurrently():
 
 def test_crash_signal_is_reported():
     r = run_python("import ctypes\nctypes.string_at(0)\n")  # a segfault in C code: no Python traceback
-    assert (r.status, r.returncode) == ("killed", -signal.SIGSEGV), r
+    assert (r.status, r.returncode, r.signal) == ("killed", -signal.SIGSEGV, "SIGSEGV"), r
+    assert r.stderr.endswith("[tracelock: the program was killed by SIGSEGV]\n")
+    assert run_python("print(1)").signal is None
 
 
 @pytest.mark.skipif(not FEATURES["containment"], reason="private mount/PID namespaces are not permitted here")
@@ -172,7 +174,8 @@ def test_contained_run_has_its_own_processes_and_working_directory_and_no_home()
     r = run_python(src)
     assert r.status == "ok", r.stderr
     seen = json.loads(r.stdout)
-    assert seen["pid"] == 1 and seen["proc"] == ["1"]  # PID 1 of a namespace of its own, and /proc says so
+    # PID 2 of a namespace of its own under its init, and /proc says so
+    assert seen["pid"] == 2 and seen["proc"] == ["1", "2"]
     assert seen["cwd"] == ["candidate.py", "scratch.txt"]
     assert home is None or seen["home"] == sorted(os.path.basename(p) for p in keep)
     for path in ("/tmp/tracelock-contained-probe", os.path.join(os.getcwd(), "tracelock-contained-probe")):

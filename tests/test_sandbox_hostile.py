@@ -200,3 +200,56 @@ def test_a_daemon_dies_with_a_run_that_exits_normally():
     while _live_pids_where(_cmdline_has(mark)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _live_pids_where(_cmdline_has(mark)) == []
+
+
+# name -> (source, status, signal): programs ended by a signal, and the other ways a program can end oddly
+SIGNAL_CASES = {
+    "SIGSEGV to itself": ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\nprint('survived')\n", "killed",
+                          "SIGSEGV"),
+    "SIGTERM to itself": ("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\nprint('survived')\n", "killed",
+                          "SIGTERM"),
+    "abort()": ("import os\nos.abort()\n", "killed", "SIGABRT"),
+    "SIGKILL to its own process group": ("import os, signal\nos.killpg(0, signal.SIGKILL)\nprint('survived')\n",
+                                         "killed", "SIGKILL"),
+    "SIGKILL from its child": ("import os, signal, time\nif os.fork() == 0:\n"
+                               "    os.kill(os.getppid(), signal.SIGKILL)\n    os._exit(0)\ntime.sleep(3)\n"
+                               "print('survived')\n", "killed", "SIGKILL"),
+    # its parent is root (the harness, or the namespace's init): refused, and the program goes on to fail
+    "SIGKILL to its parent": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('survived')\n",
+                              "runtime_error", None),
+    "exec of a shell that SIGSEGVs itself": ("import os\nos.execv('/bin/sh', ['sh', '-c', 'kill -SEGV $$'])\n",
+                                             "killed", "SIGSEGV"),
+    "exec of /bin/false": ("import os\nos.execv('/bin/false', ['false'])\n", "runtime_error", None),
+    "closes stdout and stderr, exits 3": ("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(0.3)\n"
+                                          "raise SystemExit(3)\n", "runtime_error", None),
+    "os._exit(4) from a thread": ("import os, threading, time\n"
+                                  "threading.Thread(target=lambda: os._exit(4)).start()\ntime.sleep(3)\n",
+                                  "runtime_error", None),
+    # Python ignores SystemExit outside the main thread: the program really ends with 0
+    "sys.exit(4) in a thread": ("import sys, threading\nthreading.Thread(target=lambda: sys.exit(4)).start()\n",
+                                "ok", None),
+    # the program's end counts, not its children's
+    "its child segfaults, it exits 0": ("import os, signal\npid = os.fork()\n"
+                                        "if pid == 0:\n    os.kill(os.getpid(), signal.SIGSEGV)\n"
+                                        "os.waitpid(pid, 0)\n", "ok", None),
+}
+
+
+@pytest.mark.parametrize("contained", [True, False], ids=["pid-namespace", "no-namespace"])
+def test_statuses_are_truthful_with_and_without_the_pid_namespace(contained, monkeypatch):
+    if contained and not FEATURES["containment"]:
+        pytest.skip("private mount/PID namespaces are not permitted here")
+    monkeypatch.setattr(sandbox, "CONTAINMENT", contained)
+    got, wrong = {}, {}
+    for name, (source, status, sig) in SIGNAL_CASES.items():
+        if name == "SIGKILL to its parent" and not FEATURES["drop_privileges"]:
+            continue  # run as the harness's own user, it would kill the test process
+        r = run_sandboxed(source, timeout_s=10, memory_mb=512)
+        got[name] = f"{r.status} ({r.signal})" if r.signal else r.status
+        if (r.status, r.signal) != (status, sig) or "survived" in r.stdout:
+            wrong[name] = (r.status, r.returncode, r.signal, r.stdout, r.stderr[-200:])
+        if sig is not None and f"killed by {sig}" not in r.stderr:
+            wrong[name] = ("the signal is not named in stderr", r.stderr[-200:])
+    print(f"\nsignal cases ({'with' if contained else 'without'} the PID namespace): "
+          + "; ".join(f"{n}: {s}" for n, s in got.items()))
+    assert wrong == {}

@@ -17,9 +17,9 @@ from tracelock.testing import assert_close, hf_reference
 
 
 def micro_config(out, **kw):
-    kw = {"family": "dream", "ar_steps": 2, **kw}
-    return TrainConfig(out=str(out), steps=4, batch_size=4, d_model=32, n_layers=4, n_heads=2, mlp=64,
-                       vocab_size=400, tokenizer_corpus=300, save_every=2, **kw)
+    kw = {"family": "dream", "ar_steps": 2, "steps": 4, "batch_size": 4, "d_model": 32, "n_layers": 4, "n_heads": 2,
+          "mlp": 64, "vocab_size": 400, "tokenizer_corpus": 300, "save_every": 2, **kw}
+    return TrainConfig(out=str(out), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +138,22 @@ def test_bundled_names(monkeypatch, tmp_path):
     monkeypatch.setitem(loading.BUNDLED, "testbed-dream", tmp_path / "absent")
     with pytest.raises(CheckpointError, match="--family dream"):
         tracelock.load_model("testbed-dream")
+
+
+def test_a_second_stage_starts_from_the_init_runs_tokenizer_and_weights(dream_run, tmp_path):
+    from tracelock.testbed.train import _build
+
+    cfg = micro_config(tmp_path / "stage2", ar_steps=0, init=str(dream_run), seed=1)
+    (tmp_path / "stage2").mkdir()
+    model, tok = _build(cfg, tmp_path / "stage2")
+    init = tracelock.load_model(dream_run)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), init.state_dict().values()))
+    assert (tmp_path / "stage2" / "tokenizer.json").read_text() == (dream_run / "tokenizer.json").read_text()
+    train(micro_config(tmp_path / "a", ar_steps=0, init=str(dream_run), seed=1), progress=False)
+    out = tmp_path / "b"
+    train(micro_config(out, ar_steps=0, init=str(dream_run), seed=1), progress=False, stop_after=2)
+    train(micro_config(out, ar_steps=0, init=str(dream_run), seed=1), progress=False)
+    a, b = load_file(str(tmp_path / "a" / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ValueError, match="--init .*hidden_size.: 32.*asks for.*64"):
+        train(micro_config(tmp_path / "c", ar_steps=0, init=str(dream_run), d_model=64), progress=False)

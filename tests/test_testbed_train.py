@@ -16,7 +16,7 @@ from tracelock.models.spec import CheckpointError
 from tracelock.testbed import held_out
 from tracelock.testbed.evaluate import evaluate_policies, format_table
 from tracelock.testbed.model_files import NUMBER_TOKENS, train_tokenizer
-from tracelock.testbed.train import Batches, TrainConfig, block_mask, sft_loss, train
+from tracelock.testbed.train import Batches, TrainConfig, block_mask, sft_loss, state_file, train
 
 
 def micro_config(out, **kw):
@@ -116,7 +116,7 @@ def test_probes_record_validation_accuracy_and_leave_the_weights_alone(trained, 
     assert sorted(log["probes"]) == ["2", "4"] and all(sorted(p) == ["code", "math"] for p in log["probes"].values())
     # the recorded numbers are the probe of the saved (final, fp32) state
     model = DiffusionBackbone(ModelSpec.from_pretrained(out))
-    state = load_file(str(out / "train_state.safetensors"))
+    state = load_file(str(state_file(out)))
     model.load_state_dict({k[len("model/"):]: v for k, v in state.items() if k.startswith("model/")})
     assert probe(model, tracelock.load_tokenizer(out), ("math", "code"), 3) == log["probes"]["4"]
 
@@ -160,7 +160,7 @@ def test_compiled_training_is_deterministic_and_leaves_the_mode_as_it_was(tmp_pa
 
 
 def _same_states(a, b):
-    a, b = (load_file(str(out / "train_state.safetensors")) for out in (a, b))
+    a, b = (load_file(str(state_file(out))) for out in (a, b))
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -166,6 +166,10 @@ def _add_testbed_train(sub):
     for name in ("lr", "masked_lr", "long_fraction", "block_fraction"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=None,
                        help=f"{_TRAIN_HELP[name]} ({default(name)})")
+    p.add_argument("--init", default=None,
+                   help="start from this finished run's (or checkpoint folder's) tokenizer and weights, of the same "
+                        "family and sizes: a second stage of training (default: none, a fresh tokenizer and "
+                        "random weights)")
     p.add_argument("--threads", type=int, default=machine["threads"],
                    help="torch CPU threads (default 0: $OMP_NUM_THREADS if set, else the physical cores); a run "
                         "reproduces its weights on the device and thread count it ran on")
@@ -272,6 +276,8 @@ _USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, NotAD
 
 
 def main(argv=None):
+    from tracelock.atomic import OutputError
+
     args = build_parser().parse_args(argv)
     apply_runtime_options(args)
     try:
@@ -280,7 +286,8 @@ def main(argv=None):
 
             check_device(args.device)
         return args.func(args) or 0
-    except _USER_ERRORS as err:
+    except (*_USER_ERRORS, OutputError) as err:
+        # bad input, a corrupt file, a full disk or a busy output folder: one clear line, no traceback
         if os.environ.get("TRACELOCK_DEBUG"):
             raise
         print(f"tracelock {args.command}: error: {err}", file=sys.stderr)

@@ -24,11 +24,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from tracelock import states
-from tracelock.atomic import atomic_write, atomic_write_text
+from tracelock.atomic import atomic_write_text
+from tracelock.integrity import CorruptFileError, load_tensors, read_json, save_tensors
 
 __all__ = ["FEATURE_SETS", "Controller", "ControllerConfig", "active_confidence", "check_fingerprint",
            "controller_fingerprint"]
@@ -92,6 +92,15 @@ class ControllerConfig:
     fingerprint: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        for name in ("code_dim", "width", "layers", "heads", "ffn"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive int")
+        if not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout={self.dropout!r} must be a number in [0, 1)")
+        if not isinstance(self.groups, dict) or not isinstance(self.fingerprint, dict):
+            raise ValueError(f"groups and fingerprint must be dicts, got {type(self.groups).__name__} and "
+                             f"{type(self.fingerprint).__name__}")
         # JSON has no tuples: keep the in-memory form equal to a loaded one
         self.groups = {str(k): [int(v[0]), int(v[1])] for k, v in self.groups.items()}
         if self.features not in FEATURE_SETS:
@@ -185,11 +194,11 @@ class Controller(nn.Module):
         return self.score_head(h[:, 1:]).squeeze(-1), self.tau_head(h[:, 0]).squeeze(-1)
 
     def save(self, path) -> Path:
-        """Write ``path`` (.safetensors) and its config beside it (same name, .json), each atomically."""
+        """Write ``path`` (.safetensors, with its digest) and its config beside it (same name, .json), each
+        atomically."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        atomic_write(path, lambda tmp: save_file(tensors, tmp))
+        save_tensors(path, self.state_dict())
         config = json.dumps({"kind": "tracelock-controller", **asdict(self.config)}, indent=2)
         atomic_write_text(path.with_suffix(".json"), config + "\n")
         return path
@@ -209,13 +218,22 @@ class Controller(nn.Module):
         if not path.exists() or not cfg_path.exists():
             raise FileNotFoundError(f"no controller at {path} (+ {cfg_path.name}); pass the .safetensors written by "
                                     "`tracelock train` or its --out folder")
-        raw = json.loads(cfg_path.read_text())
+        fix = "restore the run folder from a copy or train the controller again with `tracelock train`"
+        raw = read_json(cfg_path, fix=fix)
         if raw.pop("kind", None) != "tracelock-controller":
-            raise ValueError(f"{cfg_path} is not a tracelock controller config")
-        config = ControllerConfig(**raw)
+            raise CorruptFileError(f"{cfg_path} is not a tracelock controller config; {fix}")
+        try:
+            config = ControllerConfig(**raw)
+        except (TypeError, ValueError) as err:
+            raise CorruptFileError(f"{cfg_path} does not hold a valid controller config ({err}); {fix}") from None
         check_fingerprint(config.fingerprint, controller_fingerprint(model, encoder))
         model = cls(config)
-        model.load_state_dict(load_file(str(path)))
+        tensors = load_tensors(path, fix=fix)
+        try:
+            model.load_state_dict(tensors)
+        except RuntimeError as err:  # weights of another architecture than the config describes
+            raise CorruptFileError(f"{path} does not match {cfg_path.name} ({str(err).splitlines()[0]}); {fix}") \
+                from None
         return model.to(device).eval() if device is not None else model.eval()
 
 

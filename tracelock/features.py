@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import nn
 
-from tracelock.atomic import atomic_write, atomic_write_text
+from tracelock.atomic import atomic_write_text
+from tracelock.integrity import CorruptFileError, load_tensors, read_json, save_tensors
 
 # the paper's widths; anything up to the backbone's hidden size may be asked for
 REFERENCE_HIDDEN_DIM = 256
@@ -264,8 +264,7 @@ class TapEncoder(nn.Module):
         """Write ``encoder.safetensors`` and ``encoder.json`` into ``folder`` (each atomically; the JSON last)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        atomic_write(folder / WEIGHTS_FILE, lambda p: save_file(tensors, p))
+        save_tensors(folder / WEIGHTS_FILE, self.state_dict())
         text = json.dumps(self.config(), indent=1, sort_keys=True)
         atomic_write_text(folder / CONFIG_FILE, text)
         return folder
@@ -280,20 +279,24 @@ def load_encoder(folder, model=None, device=None) -> TapEncoder:
     if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"{folder} holds no encoder ({CONFIG_FILE} and {WEIGHTS_FILE}); "
                                 "write one with `tracelock fit-encoder --out FOLDER`")
-    try:
-        cfg = json.loads((folder / CONFIG_FILE).read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{folder / CONFIG_FILE} is not valid JSON ({err}); refit the encoder") from None
+    fix = "restore the folder from a copy or refit the encoder with `tracelock fit-encoder`"
+    cfg = read_json(folder / CONFIG_FILE, fix=fix)
     if cfg.get("format") != FORMAT:
         raise ValueError(f"{folder / CONFIG_FILE}: format {cfg.get('format')!r}, expected {FORMAT!r}; refit it")
-    D = cfg["in_dim"]
-    if cfg["kind"] == "linear":
-        hidden, delta = LinearEncoder(D, cfg["hidden_dim"]), LinearEncoder(D, cfg["delta_dim"])
-    else:
-        hidden = AutoEncoder(D, cfg["hidden_dim"], cfg["ae_hidden"][0])
-        delta = AutoEncoder(D, cfg["delta_dim"], cfg["ae_hidden"][1])
-    enc = TapEncoder(hidden, delta, cfg["backbone"], cfg.get("fit"))
-    enc.load_state_dict(load_file(folder / WEIGHTS_FILE), strict=True)
+    tensors = load_tensors(folder / WEIGHTS_FILE, fix=fix)
+    try:
+        D = cfg["in_dim"]
+        if cfg["kind"] == "linear":
+            hidden, delta = LinearEncoder(D, cfg["hidden_dim"]), LinearEncoder(D, cfg["delta_dim"])
+        else:
+            hidden = AutoEncoder(D, cfg["hidden_dim"], cfg["ae_hidden"][0])
+            delta = AutoEncoder(D, cfg["delta_dim"], cfg["ae_hidden"][1])
+        enc = TapEncoder(hidden, delta, cfg["backbone"], cfg.get("fit"))
+        enc.load_state_dict(tensors, strict=True)
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:  # a config or weights of another encoder
+        reason = (str(err).splitlines() or [""])[0]
+        raise CorruptFileError(f"{folder / CONFIG_FILE} and {WEIGHTS_FILE} do not make an encoder "
+                               f"({type(err).__name__}: {reason}); {fix}") from None
     if model is not None:
         enc.check_backbone(model, where=f"the encoder in {folder}")
     return enc.eval().requires_grad_(False).to(device or "cpu")

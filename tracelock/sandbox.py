@@ -6,12 +6,16 @@ enforced for root).
 Where the kernel permits it (probed once, like the network namespace), a root harness also contains the program in
 private mount and PID namespaces (``CONTAINMENT``): the whole file tree is read-only (``/tmp`` included), the
 working directory is a small private tmpfs that vanishes with the run, the harness user's home is hidden
-(only the interpreter's installation is mounted back), ``/proc`` shows the run's own processes only, and the
-program is PID 1 of its namespace, so every process it started, daemons that left the process group included, dies
-with it (as any PID 1, it ignores signals it sends itself that it has no handler for). The child then keeps no
-capability. Without containment (a non-root harness, or namespaces refused) the program can write wherever
-``nobody`` (or the harness user) may, e.g. the world-writable ``/tmp``, and a daemon that leaves its process group
-outlives the run; a warning says so once."""
+(only the interpreter's installation is mounted back), and ``/proc`` shows the run's own processes only. PID 1 of
+the namespace is a minimal init owned by root that only reaps; the program is its child (PID 2), so a signal the
+program or its children send it acts as it would anywhere (PID 1 ignores signals it has no handler for), and when
+the program ends, init passes on how it ended and exits, and the kernel kills every process the program left,
+daemons that left the process group included. The program keeps no capability. Without containment (a non-root
+harness, or namespaces refused) the program can write wherever ``nobody`` (or the harness user) may, e.g. the
+world-writable ``/tmp``, and a daemon that leaves its process group outlives the run; a warning says so once.
+
+Statuses are the same with and without the namespaces: a program ended by a signal (its own, a child's, its process
+group's, or a limit's) is "killed" and ``RunResult.signal`` names the signal."""
 
 from __future__ import annotations
 
@@ -81,6 +85,18 @@ class RunResult:
         """True when the program ran to completion with exit code 0 (pass@1 for a program that ends in its tests)."""
         return self.status == "ok"
 
+    @property
+    def signal(self) -> str | None:
+        """The name of the signal that ended the program ("SIGSEGV", "SIGKILL", ...), None when it exited."""
+        return _signal_name(-self.returncode) if self.returncode is not None and self.returncode < 0 else None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal has no name of its own
+        return f"signal {number}"
+
 
 def _check(rc: int, what: str) -> None:
     if rc != 0:
@@ -105,24 +121,62 @@ def _drop_privileges(keep_read_cap: bool) -> None:
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
 
 
-def _become_pid1() -> None:
-    """Called right after unshare(CLONE_NEWPID): fork the namespace's PID 1, which returns and goes on to exec the
-    program. This process stays behind as the one Popen knows: it waits and then exits as PID 1 did (same code, same
-    signal). When PID 1 dies the kernel kills everything left in its namespace, daemons that called setsid included.
+def _contain_processes(workdir: str, source: bytes) -> None:
+    """Called right after unshare(CLONE_NEWPID | CLONE_NEWNS), in the process Popen knows (the "reporter", which
+    stays outside the new PID namespace). Forks the namespace's PID 1, a minimal init that sets up the private file
+    tree and forks the program (PID 2); only the program returns, to drop privileges and exec. Init waits for the
+    program, reaping orphans on the way, sends its wait status through a pipe and exits, which kills whatever is
+    left in the namespace; the reporter then ends exactly as the program did (same exit code, same signal).
     """
-    pid = os.fork()
-    if pid == 0:
-        return
+    status_r, status_w = os.pipe()
+    init = os.fork()
+    if init == 0:
+        program = _run_init(workdir, source, status_r, status_w)
+        if program == 0:
+            return
     try:  # never return: that would exec the program a second time
-        os.closerange(0, os.sysconf("SC_OPEN_MAX"))  # the output pipes and Popen's exec-error pipe belong to PID 1
-        status = os.waitpid(pid, 0)[1]
-        if os.WIFSIGNALED(status):
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            _libc.signal(os.WTERMSIG(status), None)  # SIG_DFL: the harness's handlers were inherited
-            os.kill(os.getpid(), os.WTERMSIG(status))
-        os._exit(os.waitstatus_to_exitcode(status))
+        os.close(status_w)
+        # the output pipes and Popen's exec-error pipe belong to the program
+        os.closerange(0, status_r)
+        os.closerange(status_r + 1, os.sysconf("SC_OPEN_MAX"))
+        reported = b""
+        while chunk := os.read(status_r, 4 - len(reported)):
+            reported += chunk
+        own = os.waitpid(init, 0)[1]
+        # init reports the program's end; without a report (init was killed, or its setup failed) its own end
+        _end_like(int.from_bytes(reported, "little", signed=True) if len(reported) == 4 else own)
     finally:
         os._exit(255)
+
+
+def _run_init(workdir: str, source: bytes, status_r: int, status_w: int) -> int:
+    """PID 1 of the run's namespace: returns 0 in the program's process, never in init's."""
+    os.close(status_r)
+    _private_filesystem(workdir, source)  # an error here reaches Popen through its exec-error pipe, as any preexec's
+    program = os.fork()
+    if program == 0:
+        os.close(status_w)
+        return 0
+    try:
+        os.closerange(0, status_w)
+        os.closerange(status_w + 1, os.sysconf("SC_OPEN_MAX"))
+        while True:  # orphans of the program are re-parented here: reap them until the program itself ends
+            pid, status = os.waitpid(-1, 0)
+            if pid == program:
+                os.write(status_w, status.to_bytes(4, "little", signed=True))
+                break
+    finally:
+        os._exit(0)
+
+
+def _end_like(status: int) -> None:
+    """Exit the way a wait status says a process ended: the same exit code, or killed by the same signal."""
+    if os.WIFSIGNALED(status):
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        _libc.signal(os.WTERMSIG(status), None)  # SIG_DFL: the harness's handlers were inherited
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [os.WTERMSIG(status)])
+        os.kill(os.getpid(), os.WTERMSIG(status))
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 255)
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -183,8 +237,7 @@ def _preexec(workdir: str, source: bytes, *, isolate: bool, contain: bool, drop:
         if flags:  # fail closed: isolation was requested and probed as available
             _check(_libc.unshare(flags), "unshare")
         if contain:
-            _become_pid1()
-            _private_filesystem(workdir, source)
+            _contain_processes(workdir, source)
         if drop:
             _drop_privileges(keep_read_cap=not contain)  # after the unshare and the mounts, which need root
         for which, value in limits:
@@ -288,8 +341,9 @@ def _collect(proc: subprocess.Popen, timeout: float) -> tuple[str, str, bool]:
                     else:
                         err += chunk
                         del err[: max(0, len(err) - OUTPUT_LIMIT - 1)]
-        # both pipes at EOF: a contained run's reaper exits just after its PID 1 closed them, so give it until the
-        # deadline (polled: peeking keeps the pid, the process group's id, from reuse until the killpg below)
+        # both pipes at EOF: a contained run's reporter exits just after the program and its init closed them, so
+        # give it until the deadline (polled: peeking keeps the pid, the process group's id, from reuse until the
+        # killpg below)
         while not timed_out and os.waitid(os.P_PID, proc.pid, _PEEK) is None:
             timed_out = time.monotonic() >= deadline
             time.sleep(0.001)
@@ -334,6 +388,8 @@ def run_python(source: str, *, timeout: float = 5.0, cpu_seconds: int = 5, memor
     last = (stderr.strip().splitlines() or [""])[-1]
     status = ("timeout" if rc is None else "ok" if rc == 0 else
               "killed" if rc < 0 or last.startswith(_RESOURCE_ERRORS) else "runtime_error")
+    if rc is not None and rc < 0:  # a crash leaves no traceback: say what ended it
+        stderr += f"[tracelock: the program was killed by {_signal_name(-rc)}]\n"
     return RunResult(status, rc, stdout, stderr, time.perf_counter() - start)
 
 

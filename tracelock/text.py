@@ -45,13 +45,13 @@ def read_jsonl(path, *, required=(), example: str = "") -> list[dict]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{n} is not valid JSON ({err})") from None
+            raise ValueError(f"{path}:{n} is not valid JSON ({err}); fix or remove that line") from None
         if not isinstance(row, dict):
-            raise ValueError(f"{path}:{n} is not a JSON object; each line must hold one record" +
+            raise ValueError(f"{path}:{n} is not a JSON object; fix that line: each line must hold one record" +
                              (f", e.g. {example}" if example else ""))
         missing = [k for k in required if not isinstance(row.get(k), str)]
         if missing:
-            raise ValueError(f"{path}:{n} needs the string field(s) {', '.join(map(repr, missing))}" +
+            raise ValueError(f"{path}:{n} needs the string field(s) {', '.join(map(repr, missing))}; fix that line" +
                              (f", e.g. {example}" if example else ""))
         rows.append(row)
     return rows

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tracelock.atomic import atomic_write_json, atomic_write_text
+from tracelock.atomic import atomic_write_json, atomic_write_text, folder_lock, remove_stale_temps
 
 ABLATIONS = [("full", ""), ("w/o soft-crop", ":schedule=full"), ("w/o dynamic threshold", ":static_tau={tau}"),
              ("w/o both", ":schedule=full:static_tau={tau}")]
@@ -102,28 +102,30 @@ def run_tables(model, controller, tasks: list[str], out, *, l2p=None, lengths=(6
     main = main_policies(l2p is not None)
     ablations = [(name, "tracelock" + suffix.format(tau=static_tau)) for name, suffix in ABLATIONS]
     out = Path(out)
-    rows_by_task = {}
-    for task in tasks:
-        folder = out / slug(task)
-        common = dict(n=limit, seed=seed, batch_size=batch_size, controller=controller, l2p=l2p, rank=rank,
-                      world_size=world_size, dtype=dtype, device=device, workers=workers, progress=progress)
-        rows = run_eval(model, task, parse_policies(",".join(main)), parse_settings(",".join(layout["settings"])),
-                        folder, **common)
-        extra = run_eval(model, task, parse_policies(",".join(spec for _, spec in ablations[1:])),
-                         parse_settings(",".join(layout["ablation"])), folder, **common)
-        for a, b in layout["generalisation"] if l2p is not None else []:
-            extra_l2p = run_eval(model, task, parse_policies(l2p_transfer(a)), parse_settings(b), folder, **common)
-            extra = None if extra is None else extra + extra_l2p
-        if rank == 0:
-            rows_by_task[task] = rows + extra
-    if rank != 0:
-        return None
-    text = _markdown(rows_by_task, layout, main, ablations)
-    atomic_write_text(out / "tables.md", text)
-    atomic_write_json(out / "tables.json", dict(layout=layout, policies=main, ablations=ablations,
-                                                rows=rows_by_task, model=str(model), controller=str(controller),
-                                                l2p=None if l2p is None else str(l2p)))
-    return text
+    with folder_lock(out, f"lock-rank{rank}"):  # one writer per rank; each task's eval folder has its own lock
+        rows_by_task = {}
+        for task in tasks:
+            folder = out / slug(task)
+            common = dict(n=limit, seed=seed, batch_size=batch_size, controller=controller, l2p=l2p, rank=rank,
+                          world_size=world_size, dtype=dtype, device=device, workers=workers, progress=progress)
+            rows = run_eval(model, task, parse_policies(",".join(main)), parse_settings(",".join(layout["settings"])),
+                            folder, **common)
+            extra = run_eval(model, task, parse_policies(",".join(spec for _, spec in ablations[1:])),
+                             parse_settings(",".join(layout["ablation"])), folder, **common)
+            for a, b in layout["generalisation"] if l2p is not None else []:
+                extra_l2p = run_eval(model, task, parse_policies(l2p_transfer(a)), parse_settings(b), folder, **common)
+                extra = None if extra is None else extra + extra_l2p
+            if rank == 0:
+                rows_by_task[task] = rows + extra
+        if rank != 0:
+            return None
+        text = _markdown(rows_by_task, layout, main, ablations)
+        atomic_write_text(out / "tables.md", text)
+        atomic_write_json(out / "tables.json", dict(layout=layout, policies=main, ablations=ablations,
+                                                    rows=rows_by_task, model=str(model), controller=str(controller),
+                                                    l2p=None if l2p is None else str(l2p)))
+        remove_stale_temps(out)
+        return text
 
 
 def run_tables_cli(args) -> int:

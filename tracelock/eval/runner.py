@@ -9,7 +9,8 @@ Layout of a run folder (what `tracelock report` reads)::
 
 Resumable: an item is done once its line is in the JSONL, which is appended (and fsynced) only after the batch's
 traces are on disk; a torn last line from a crash is ignored and that item decoded again. Under torchrun, rank r
-of K takes items r, r + K, ... and writes its own files; rank 0 merges them after a barrier.
+of K takes items r, r + K, ... and writes its own files; rank 0 merges them after a barrier. Each rank holds a lock
+on the folder (``.lock-rank<r>``), so a second eval into it is refused rather than interleaved.
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tracelock.atomic import atomic_write_json, atomic_write_text
+from tracelock.atomic import (
+    DiskFullError,
+    atomic_write_json,
+    atomic_write_text,
+    disk_full_named,
+    folder_lock,
+    remove_stale_temps,
+)
 
 __all__ = ["PolicySpec", "Setting", "build_policy", "parse_policies", "parse_settings", "run_eval", "read_items",
            "folder_items",
@@ -161,15 +169,24 @@ def read_items(path: Path) -> dict:
             if n >= len(lines) - 1:  # the last line: a torn append
                 break
             raise ValueError(f"{path}:{n} is not valid JSON; delete the file to decode its items again") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("id"), str):
+            raise ValueError(f"{path}:{n} is not an item record (an object with a string \"id\"); delete the file "
+                             "to decode its items again")
         out[rec["id"]] = rec
     return out
 
 
 def _append_lines(path: Path, records: list) -> None:
     with open(path, "a") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in records))
-        f.flush()
-        os.fsync(f.fileno())
+        size = f.tell()
+        try:
+            with disk_full_named(path):
+                f.write("".join(json.dumps(r) + "\n" for r in records))
+                f.flush()
+                os.fsync(f.fileno())
+        except DiskFullError:
+            f.truncate(size)  # no torn line left behind: the batch is decoded again on the next run
+            raise
 
 
 def _ensure_trailing_newline(path: Path) -> None:
@@ -367,45 +384,48 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
                     settings=[dict(label=s.label, slug=s.slug, gen_length=s.gen_length, width=s.width)
                               for s in settings],
                     versions=dict(torch=torch.__version__))
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        _check_manifest(out, manifest)
-    if world_size > 1:
-        torch.distributed.barrier()
-    model = load_model(model_path, dtype=getattr(torch, dtype), device=device)
-    tokenizer = load_tokenizer(model_path)
-    mine = items[rank::world_size]
-    for setting in settings:
-        for policy in policies:
-            folder = out / "runs" / setting.slug / policy.slug
-            _decode_policy(model, tokenizer, task, mine, policy, setting, folder, rank=rank, batch_size=batch_size,
-                           seed=seed, schedule=schedule, controller=controller, l2p=l2p, workers=workers,
-                           first_folder=out / "runs" / setting.slug / policies[0].slug)
-    if world_size > 1:
-        torch.distributed.barrier()
-    if rank != 0:
-        return None
-    from tracelock.traces.store import build_index
+    # one writer per rank and folder: a second eval into the same --out is refused, not interleaved
+    with folder_lock(out, f"lock-rank{rank}"):
+        if rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            _check_manifest(out, manifest)
+        if world_size > 1:
+            torch.distributed.barrier()
+        model = load_model(model_path, dtype=getattr(torch, dtype), device=device)
+        tokenizer = load_tokenizer(model_path)
+        mine = items[rank::world_size]
+        for setting in settings:
+            for policy in policies:
+                folder = out / "runs" / setting.slug / policy.slug
+                _decode_policy(model, tokenizer, task, mine, policy, setting, folder, rank=rank, batch_size=batch_size,
+                               seed=seed, schedule=schedule, controller=controller, l2p=l2p, workers=workers,
+                               first_folder=out / "runs" / setting.slug / policies[0].slug)
+        if world_size > 1:
+            torch.distributed.barrier()
+        if rank != 0:
+            return None
+        from tracelock.traces.store import build_index
 
-    if judge is not None:
-        from tracelock.eval.judging import judge_run
+        if judge is not None:
+            from tracelock.eval.judging import judge_run
 
-        judge_run(out, judge, seed=seed, progress=progress)
-    for setting in settings:  # one index over every rank's shards
-        for policy in policies:
-            if (out / "runs" / setting.slug / policy.slug / "traces").exists():
-                build_index(out / "runs" / setting.slug / policy.slug / "traces")
-    # summary.json covers every (setting, policy) the folder holds, also those of earlier calls
-    manifest = json.loads((out / "manifest.json").read_text())
-    rows = [summarize(out / "runs" / s["slug"] / p["slug"], s["label"], p["label"], task.metric_name)
-            for s in manifest["settings"] for p in manifest["policies"]
-            if (out / "runs" / s["slug"] / p["slug"]).exists()]
-    if task.judged:
-        from tracelock.eval.judging import apply_judgements
+            judge_run(out, judge, seed=seed, progress=progress)
+        for setting in settings:  # one index over every rank's shards
+            for policy in policies:
+                if (out / "runs" / setting.slug / policy.slug / "traces").exists():
+                    build_index(out / "runs" / setting.slug / policy.slug / "traces")
+        # summary.json covers every (setting, policy) the folder holds, also those of earlier calls
+        manifest = json.loads((out / "manifest.json").read_text())
+        rows = [summarize(out / "runs" / s["slug"] / p["slug"], s["label"], p["label"], task.metric_name)
+                for s in manifest["settings"] for p in manifest["policies"]
+                if (out / "runs" / s["slug"] / p["slug"]).exists()]
+        if task.judged:
+            from tracelock.eval.judging import apply_judgements
 
-        rows = apply_judgements(out, rows, manifest["settings"])
-    _write_summary(out, rows)
-    wanted = {(s.label, p.label) for s in settings for p in policies}
-    rows = [r for r in rows if (r["setting"], r["policy"]) in wanted]
-    return rows
+            rows = apply_judgements(out, rows, manifest["settings"])
+        _write_summary(out, rows)
+        remove_stale_temps(out, recursive=True)  # every rank is done: what is left is a killed writer's
+        wanted = {(s.label, p.label) for s in settings for p in policies}
+        rows = [r for r in rows if (r["setting"], r["policy"]) in wanted]
+        return rows
 

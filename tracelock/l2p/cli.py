@@ -6,6 +6,21 @@ import json
 
 
 def _train_l2p(args):
+    from tracelock.atomic import folder_lock, remove_stale_temps
+    from tracelock.l2p.filter import filter_stem
+
+    if args.input == "hidden" and not args.encoder:
+        raise ValueError("--input hidden (L2P-Hidden) needs --encoder FOLDER (`tracelock fit-encoder --out`)")
+    if args.input == "confidence" and args.encoder:
+        raise ValueError("--encoder is only read with --input hidden (the L2P-Hidden diagnostic)")
+    # filters of other block sizes may be trained into the same folder at the same time; one writer per filter
+    stem = filter_stem(args.block, args.input)
+    with folder_lock(args.out, f"lock-{stem}"):
+        _fit_and_save(args)
+        remove_stale_temps(args.out, prefix=f"{stem}.")
+
+
+def _fit_and_save(args):
     import torch
 
     from tracelock.features import backbone_fingerprint, load_encoder
@@ -15,10 +30,6 @@ def _train_l2p(args):
     from tracelock.progress import progress_bar
     from tracelock.traces.store import iter_traces, load_index
 
-    if args.input == "hidden" and not args.encoder:
-        raise ValueError("--input hidden (L2P-Hidden) needs --encoder FOLDER (`tracelock fit-encoder --out`)")
-    if args.input == "confidence" and args.encoder:
-        raise ValueError("--encoder is only read with --input hidden (the L2P-Hidden diagnostic)")
     model = load_model(args.model, dtype=getattr(torch, args.model_dtype), device=args.device)
     encoder = load_encoder(args.encoder, model, device=args.device) if args.encoder else None
     traces = progress_bar(iter_traces(args.traces), total=load_index(args.traces)["num_traces"], desc="replay",

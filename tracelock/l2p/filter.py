@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
-from tracelock.atomic import atomic_write, atomic_write_text
+from tracelock.atomic import atomic_write_text
+from tracelock.integrity import CorruptFileError, load_tensors, read_json, save_tensors
 
 __all__ = ["FilterConfig", "L2PFilter", "filter_stem", "load_filter", "load_filters"]
 
@@ -94,8 +94,7 @@ class L2PFilter(nn.Module):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         stem = filter_stem(self.config.block, self.config.kind)
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        atomic_write(folder / f"{stem}.safetensors", lambda p: save_file(tensors, p))
+        save_tensors(folder / f"{stem}.safetensors", self.state_dict())
         atomic_write_text(folder / f"{stem}.json", json.dumps(dict(format=FORMAT, **asdict(self.config)), indent=1,
                                                                sort_keys=True))
         return folder / f"{stem}.json"
@@ -108,14 +107,18 @@ def load_filter(path) -> L2PFilter:
     if not path.is_file() or not weights.is_file():
         raise FileNotFoundError(f"no Learn2PD filter at {path} (+ {weights.name}); train one with "
                                 "`tracelock train-l2p --out FOLDER`")
-    try:
-        cfg = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); train the filter again") from None
+    fix = "restore it from a copy or train the filter again with `tracelock train-l2p`"
+    cfg = read_json(path, fix=fix)
     if cfg.pop("format", None) != FORMAT:
-        raise ValueError(f"{path} is not a {FORMAT} file; train the filter again with `tracelock train-l2p`")
-    filt = L2PFilter(FilterConfig(**cfg))
-    filt.load_state_dict(load_file(weights), strict=True)
+        raise CorruptFileError(f"{path} is not a {FORMAT} file; {fix}")
+    tensors = load_tensors(weights, fix=fix)
+    try:
+        filt = L2PFilter(FilterConfig(**cfg))
+        filt.load_state_dict(tensors, strict=True)
+    except (TypeError, ValueError, RuntimeError) as err:  # a config or weights of another filter
+        reason = (str(err).splitlines() or [""])[0]
+        raise CorruptFileError(f"{path} and {weights.name} do not make a filter ({type(err).__name__}: {reason}); "
+                               f"{fix}") from None
     return filt.eval().requires_grad_(False)
 
 

@@ -1,10 +1,12 @@
 """Load LLaDA / Dream checkpoint folders (single or sharded safetensors) into `DiffusionBackbone`."""
 
+import contextlib
+import hashlib
 import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from tracelock.models.backbone import DiffusionBackbone
 from tracelock.models.keys import official_keys
@@ -63,10 +65,42 @@ def _tensor_files(folder: Path) -> dict:
         return {k: folder / f for k, f in weight_map.items()}
     single = folder / "model.safetensors"
     if single.exists():
-        with safe_open(single, framework="pt") as f:
+        with _readable(single), safe_open(single, framework="pt") as f:
             return {k: single for k in f.keys()}
     raise CheckpointError(f"{folder} holds no weights: expected model.safetensors or model.safetensors.index.json "
                           "(tracelock never unpickles .bin/.pt files); convert the checkpoint to safetensors")
+
+
+@contextlib.contextmanager
+def _readable(file: Path):
+    """A truncated or damaged safetensors file (unreadable header, data cut short) as a `CheckpointError`."""
+    try:
+        yield
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{file} is not a readable safetensors file ({err}); the download or copy was cut "
+                              "short or damaged: download or copy it again") from None
+
+
+def _check_shipped_digest(folder: Path) -> None:
+    """A testbed model shipped by `tracelock testbed-ship` records its weights' sha256 in testbed.json: check it
+    (a downloaded checkpoint has no digest beside it, so a flipped bit in its tensor data cannot be seen here)."""
+    info = folder / "testbed.json"
+    if not info.is_file():
+        return
+    try:
+        want = json.loads(info.read_text()).get("model_safetensors_sha256")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        raise CheckpointError(f"{info} is not a valid JSON object; copy the model folder again") from None
+    weights = folder / "model.safetensors"
+    if want is None or not weights.is_file():
+        return
+    digest = hashlib.sha256()
+    with open(weights, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != want:
+        raise CheckpointError(f"{weights} does not match the sha256 recorded in {info.name}: the file is damaged; "
+                              "copy the model folder again (the bundled one: reinstall tracelock)")
 
 
 def load_model(path, *, dtype=torch.float32, device="cpu") -> DiffusionBackbone:
@@ -85,6 +119,7 @@ def load_model(path, *, dtype=torch.float32, device="cpu") -> DiffusionBackbone:
     folder = resolve_path(path)
     spec = ModelSpec.from_pretrained(folder)
     files = _tensor_files(folder)
+    _check_shipped_digest(folder)
     expected = official_keys(spec)
     missing = [k for k in expected if k not in files]
     if missing:
@@ -103,7 +138,7 @@ def load_model(path, *, dtype=torch.float32, device="cpu") -> DiffusionBackbone:
     for key, file in files.items():
         by_file.setdefault(file, []).append(key)
     for file, keys in by_file.items():
-        with safe_open(file, framework="pt", device="cpu") as f:
+        with _readable(file), safe_open(file, framework="pt", device="cpu") as f:
             for key in keys:
                 name = expected[key]
                 got = tuple(f.get_slice(key).get_shape())

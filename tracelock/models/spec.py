@@ -69,9 +69,25 @@ def _read_json(path: Path, *, required: bool):
                                   "LLaDA or Dream); point --model / load_model at the folder that holds it")
         return None
     try:
-        return json.loads(path.read_text())
+        obj = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{path} is not valid JSON ({err}); re-download or rewrite the file") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path} holds a JSON {type(obj).__name__}, not an object; re-download or rewrite it")
+    return obj
+
+
+def _check_sizes(sizes: dict, fields: dict, where) -> None:
+    """Every size a positive int (JSON has no other way to spell one), eps and theta positive numbers."""
+    for ours, value in sizes.items():
+        if ours == "num_kv_heads" and value is None:  # null in some released configs: as many as the heads
+            continue
+        real = ours in ("rope_theta", "rms_norm_eps")
+        ok = isinstance(value, (int, float)) if real else isinstance(value, int)
+        if isinstance(value, bool) or not ok or not value > 0:
+            kind = "a positive number" if real else "a positive integer"
+            raise CheckpointError(f"{where}: {fields[ours]!r} is {value!r}, which must be {kind}; re-download or "
+                                  "fix config.json")
 
 
 def detect_family(config: dict, path="config.json") -> Family:
@@ -159,6 +175,7 @@ class ModelSpec:
                 raise CheckpointError(f"{where}: missing field {key!r} required for a {fam.name} checkpoint; "
                                       "spell out every field (the remote-code defaults differ from the real model)")
             sizes[ours] = config[key]
+        _check_sizes(sizes, fam.fields, where)
         gen = (_read_json(folder / "generation_config.json", required=False) or {}) if folder else {}
         added = _added_tokens(folder) if folder else {}
         tok_cfg = (_read_json(folder / "tokenizer_config.json", required=False) or {}) if folder else {}

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from tracelock.atomic import atomic_write, atomic_write_text
 from tracelock.models.tiny_tokenizer import write_tokenizer_files
 
 # (d_model, n_heads, n_kv_heads, n_layers, mlp_hidden) per family and profile, docs/MODELS.md section 11
@@ -224,18 +225,19 @@ def save_weights(folder: Path, state: dict[str, torch.Tensor], shards: int) -> N
     if not 1 <= shards <= len(state):
         raise ValueError(f"shards must be between 1 and {len(state)}, got {shards}")
     if shards == 1:
-        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        atomic_write(folder / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
         return
     keys = list(state)
     sizes = [state[k].numel() * state[k].element_size() for k in keys]
     weight_map = {}
     for i, group in enumerate(_split(keys, sizes, shards)):
         name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-        save_file({k: state[k] for k in group}, str(folder / name), metadata={"format": "pt"})
+        part = {k: state[k] for k in group}
+        atomic_write(folder / name, lambda tmp, part=part: save_file(part, tmp, metadata={"format": "pt"}))
         weight_map |= dict.fromkeys(group, name)
     # sorted by key as in the released indexes (save_pretrained sorts the weight map)
     index = {"metadata": {"total_size": sum(sizes)}, "weight_map": dict(sorted(weight_map.items()))}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    atomic_write_text(folder / "model.safetensors.index.json", json.dumps(index, indent=2) + "\n")
 
 
 def write_tiny_checkpoint(
@@ -266,8 +268,8 @@ def write_tiny_checkpoint(
     assert max(ids.values()) < VOCAB_ROWS
     sizes = PROFILES[profile][family]
     make_config = llada_config if family == "llada" else dream_config
-    (folder / "config.json").write_text(json.dumps(make_config(*sizes, ids), indent=2) + "\n")
+    atomic_write_text(folder / "config.json", json.dumps(make_config(*sizes, ids), indent=2) + "\n")
     gen_config = generation_config(family, ids)
-    (folder / "generation_config.json").write_text(json.dumps(gen_config, indent=2) + "\n")
+    atomic_write_text(folder / "generation_config.json", json.dumps(gen_config, indent=2) + "\n")
     save_weights(folder, tiny_state_dict(family, profile, seed), shards)
     return folder

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers
 
+from tracelock.atomic import atomic_write, atomic_write_text
 from tracelock.models.chat_templates import CHAT_TEMPLATES
 
 UNK_TOKEN = "<unk>"
@@ -134,7 +135,7 @@ def save_tokenizer(folder: str | Path, tok: Tokenizer, family: str, *, model_max
     special_tokens_map.json, and returns role (bos/eos/pad/mask/eot) -> token id, for the model config.
     """
     folder = Path(folder)
-    tok.save(str(folder / "tokenizer.json"))
+    atomic_write(folder / "tokenizer.json", lambda tmp: tok.save(tmp))
     roles = ROLES[family]
     missing = [s for s in SPECIAL_TOKENS[family] if tok.token_to_id(s) is None]
     if missing:
@@ -167,6 +168,6 @@ def save_tokenizer(folder: str | Path, tok: Tokenizer, family: str, *, model_max
         "chat_template": CHAT_TEMPLATES[family],
     }
     special_map = {**named, **({"unk_token": unk_token} if unk_token else {}), "additional_special_tokens": extra}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (folder / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2) + "\n")
+    atomic_write_text(folder / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
+    atomic_write_text(folder / "special_tokens_map.json", json.dumps(special_map, indent=2) + "\n")
     return {role: tok.token_to_id(s) for role, s in roles.items()}

@@ -17,37 +17,43 @@ from pathlib import Path
 
 import numpy as np
 
-from tracelock.atomic import atomic_write, atomic_write_text
+from tracelock.atomic import atomic_write, atomic_write_text, folder_lock, remove_stale_temps
 
 __all__ = ["reward_curve_png", "rl_train"]
 
 
 def _save(out: Path, step: int, controller, opt, history: list, settings: dict) -> None:
-    from safetensors.torch import save_file
-
+    from tracelock.integrity import save_tensors
     from tracelock.train.state import training_tensors
 
-    tensors = training_tensors(controller, opt)
-    atomic_write(out / "state.safetensors", lambda tmp: save_file(tensors, tmp))
+    # one file per step: with a single name, a kill before the JSON would pair new weights with the old step
+    name = f"state-{step:08d}.safetensors"
+    save_tensors(out / name, training_tensors(controller, opt))
     controller.save(out / "best.safetensors")
     atomic_write_text(out / "history.jsonl", "".join(json.dumps(h) + "\n" for h in history))
     atomic_write(out / "reward_curve.png", lambda tmp: Path(tmp).write_bytes(reward_curve_png(history)))
     # the JSON last: a crash before it leaves the previous consistent state
-    atomic_write_text(out / "state.json", json.dumps(dict(step=step, settings=settings), indent=1))
+    atomic_write_text(out / "state.json", json.dumps(dict(step=step, settings=settings, file=name), indent=1))
+    for old in [*out.glob("state-*.safetensors"), out / "state.safetensors"]:
+        if old.name != name:
+            old.unlink(missing_ok=True)
 
 
 def _load(out: Path, controller, opt, settings: dict) -> tuple[int, list]:
-    from safetensors.torch import load_file
-
+    from tracelock.integrity import CorruptFileError, load_tensors, read_json
     from tracelock.train.state import load_training_tensors
 
-    state = json.loads((out / "state.json").read_text())
+    fix = f"restore {out} from a copy, or delete it to start the RL run again"
+    state = read_json(out / "state.json", fix=fix)
     changed = [k for k in settings if k != "steps" and state["settings"].get(k) != settings[k]]
     if changed:
         raise ValueError(f"{out} holds an RL run with other {', '.join(changed)}; pass the same arguments to resume "
                          "it or another --out")
-    load_training_tensors(load_file(str(out / "state.safetensors")), controller, opt)
-    history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines() if line.strip()]
+    load_training_tensors(load_tensors(out / state.get("file", "state.safetensors"), fix=fix), controller, opt)
+    try:
+        history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as err:
+        raise CorruptFileError(f"{out / 'history.jsonl'} is missing or damaged ({err}); {fix}") from None
     return state["step"], history[:state["step"]]
 
 
@@ -89,6 +95,23 @@ def rl_train(model_path, controller, prompts: str, out, *, reward, num=None, ste
         eta, eps (float): the sampling rule (`rescaled_probs`). beta (float): entropy bonus. Default: 0.01.
         lr, clip: AdamW learning rate and gradient-norm clip.
     """
+    for name, value in (("steps", steps), ("group_size", group_size), ("prompts_per_step", prompts_per_step)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive int")
+    if group_size < 2:
+        raise ValueError(f"group_size={group_size} must be >= 2: advantages compare rollouts within a group")
+    out = Path(out)
+    with folder_lock(out):  # one writer per run folder
+        _rl_loop(model_path, controller, prompts, out, reward=reward, num=num, steps=steps, group_size=group_size,
+                 prompts_per_step=prompts_per_step, eta=eta, eps=eps, beta=beta, lr=lr, clip=clip,
+                 gen_length=gen_length, window=window, seed=seed, save_every=save_every, device=device,
+                 progress=progress)
+        remove_stale_temps(out)  # files a killed run left half-written
+    return out
+
+
+def _rl_loop(model_path, controller, prompts, out: Path, *, reward, num, steps, group_size, prompts_per_step, eta, eps,
+             beta, lr, clip, gen_length, window, seed, save_every, device, progress) -> None:
     # torch and the package's training code load here, not at import: the CLI imports this module for its parser
     import torch
 
@@ -101,12 +124,6 @@ def rl_train(model_path, controller, prompts: str, out, *, reward, num=None, ste
     from tracelock.text import decode_answer, encode_prompt
     from tracelock.traces.collect import load_items
 
-    for name, value in (("steps", steps), ("group_size", group_size), ("prompts_per_step", prompts_per_step)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive int")
-    if group_size < 2:
-        raise ValueError(f"group_size={group_size} must be >= 2: advantages compare rollouts within a group")
-    out = Path(out)
     model = load_model(model_path, device=device)
     tokenizer = load_tokenizer(model_path)
     items = load_items(prompts, num, seed)
@@ -146,7 +163,6 @@ def rl_train(model_path, controller, prompts: str, out, *, reward, num=None, ste
         if (step + 1) % save_every == 0 or step + 1 == steps:
             _save(out, step + 1, net, opt, history, settings)
     policy.records.clear()
-    return out
 
 
 def make_reward(spec: str, prompts: str, group_size: int, code_penalty: bool, workers: int = 2, device="cpu"):

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from tracelock.atomic import atomic_write_text
 from tracelock.models.keys import official_keys
 from tracelock.models.spec import ModelSpec
 from tracelock.models.tiny import dream_config, generation_config, llada_config, save_weights
@@ -69,8 +70,9 @@ def write_folder_files(folder: Path, tok: Tokenizer, sizes: dict, max_positions:
     make_config = llada_config if family == "llada" else dream_config
     config = make_config(sizes["d_model"], sizes["n_heads"], sizes["n_heads"], sizes["n_layers"], sizes["mlp"], ids,
                          vocab_rows=rows, max_positions=max_positions)
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (folder / "generation_config.json").write_text(json.dumps(generation_config(family, ids), indent=2) + "\n")
+    atomic_write_text(folder / "generation_config.json", json.dumps(generation_config(family, ids), indent=2) + "\n")
+    # config.json last: a run folder that has it has the others (`tracelock testbed-train` resumes on it)
+    atomic_write_text(folder / "config.json", json.dumps(config, indent=2) + "\n")
     return ModelSpec.from_pretrained(folder)
 
 

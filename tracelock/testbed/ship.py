@@ -52,6 +52,8 @@ def provenance(run, *, command: str, machine: str) -> dict:
               "LLaDA SFT with Dream's shift (masked, 1/t weighted, the row before a masked position predicts it)")
     phases = (f"steps 0-{ar - 1}: autoregressive (causal mask, next-token loss on the answer); " if ar else "") + \
         f"steps {ar}-{cfg['steps'] - 1}: {masked}" + (", fresh AdamW and schedule" if ar else "")
+    from tracelock.testbed.evaluate import reference_rule
+
     return {
         "command": command,
         "config": cfg,
@@ -62,8 +64,9 @@ def provenance(run, *, command: str, machine: str) -> dict:
         "final_loss_10_step_mean": log["loss"][-1][1],
         "loss_curve_ar": _curve(log["loss"], 0, ar),
         "loss_curve_masked": _curve(log["loss"], ar, cfg["steps"]),
-        "probes": {"how": "confidence 1/step, gen 64, block 16, first probe_items validation items per task, "
-                          "recorded during training (--probe-every)", **log.get("probes", {})},
+        "probes": {"how": f"{reference_rule(cfg.get('family', 'llada'))} 1/step, gen 64, block 16, first "
+                          "probe_items validation items per task, recorded during training (--probe-every)",
+                   **log.get("probes", {})},
         "model_safetensors_sha256": sha256(run / "model.safetensors"),
     }
 

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 
-from tracelock.atomic import atomic_write, atomic_write_json
+from tracelock.atomic import atomic_write_json, atomic_write_text, folder_lock, remove_stale_temps
+from tracelock.integrity import load_tensors, read_json, save_tensors
 from tracelock.models.backbone import DiffusionBackbone
 from tracelock.models.loading import load_tokenizer
 from tracelock.models.spec import ModelSpec
@@ -212,18 +212,34 @@ def probe(model, tokenizer, tasks, n: int) -> dict:
         model.train(was_training)
 
 
+_RESTORE = "restore the run folder from a copy, or train again into a new --out"
+
+
 def _save_state(out: Path, model, opt, step: int, log: dict) -> None:
+    """Weights and moments in ``train_state-<step>.safetensors``, then ``train_state.json`` naming it: the JSON is
+    replaced last, so a kill between the two leaves the previous consistent pair (one file name for every step
+    would pair new weights with the old step)."""
     tensors = {f"model/{n}": p.detach().cpu().contiguous() for n, p in model.named_parameters()}
     for n, p in model.named_parameters():
         for k, v in opt.state.get(p, {}).items():
             tensors[f"opt/{n}/{k}"] = v.detach().reshape(v.shape).cpu().contiguous()
-    atomic_write(out / "train_state.safetensors", lambda p: save_file(tensors, p))
-    atomic_write_json(out / "train_state.json", {**log, "step": step})
+    name = f"train_state-{step:08d}.safetensors"
+    save_tensors(out / name, tensors)
+    atomic_write_json(out / "train_state.json", {**log, "step": step, "file": name})
+    for old in [*out.glob("train_state-*.safetensors"), out / "train_state.safetensors"]:
+        if old.name != name:
+            old.unlink(missing_ok=True)
+
+
+def state_file(out) -> Path:
+    """The weights-and-moments file that ``train_state.json`` names (``train_state.safetensors`` in older runs)."""
+    log = read_json(Path(out) / "train_state.json", fix=_RESTORE)
+    return Path(out) / log.get("file", "train_state.safetensors")
 
 
 def _load_state(out: Path, model, opt) -> tuple:
-    log = json.loads((out / "train_state.json").read_text())
-    tensors = load_file(str(out / "train_state.safetensors"))
+    log = read_json(out / "train_state.json", fix=_RESTORE)
+    tensors = load_tensors(state_file(out), fix=_RESTORE)
     params = dict(model.named_parameters())
     with torch.no_grad():
         for n, p in params.items():
@@ -236,19 +252,46 @@ def _load_state(out: Path, model, opt) -> tuple:
     return log["step"], log
 
 
+def _init_spec(cfg: TrainConfig) -> ModelSpec:
+    """The ``init`` checkpoint's spec, checked against the run's family and sizes."""
+    spec = ModelSpec.from_pretrained(cfg.init)
+    ours = dict(family=cfg.family, hidden_size=cfg.d_model, num_layers=cfg.n_layers, num_heads=cfg.n_heads,
+                intermediate_size=cfg.mlp)
+    wrong = {k: getattr(spec, k) for k, v in ours.items() if getattr(spec, k) != v}
+    if wrong:
+        raise ValueError(f"--init {cfg.init} is a checkpoint with {wrong}, but this run asks for "
+                         f"{ {k: ours[k] for k in wrong} }; pass the init's family and sizes")
+    return spec
+
+
 def _build(cfg: TrainConfig, out: Path):
-    """Tokenizer and config files (fresh run) or the existing ones (resume), and an initialised model."""
+    """Tokenizer and config files (fresh run: trained, or the ``init`` checkpoint's) or the existing ones (resume),
+    and an initialised model (random, or the ``init`` checkpoint's weights)."""
+    if cfg.init is not None:
+        _init_spec(cfg)
     if not (out / "config.json").exists():
-        tok = train_tokenizer(cfg.tasks, vocab_size=cfg.vocab_size, corpus_size=cfg.tokenizer_corpus, seed=cfg.seed,
-                              family=cfg.family)
-        sizes = dict(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, mlp=cfg.mlp)
-        write_folder_files(out, tok, sizes, cfg.max_positions, family=cfg.family)
+        if cfg.init is not None:
+            from tracelock.testbed.ship import MODEL_FILES
+
+            # config.json last: a run folder that has it has the others
+            for name in sorted(set(MODEL_FILES) - {"model.safetensors"}, key=lambda n: n == "config.json"):
+                atomic_write_text(out / name, (Path(cfg.init) / name).read_text())
+        else:
+            tok = train_tokenizer(cfg.tasks, vocab_size=cfg.vocab_size, corpus_size=cfg.tokenizer_corpus,
+                                  seed=cfg.seed, family=cfg.family)
+            sizes = dict(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, mlp=cfg.mlp)
+            write_folder_files(out, tok, sizes, cfg.max_positions, family=cfg.family)
     spec = ModelSpec.from_pretrained(out)
     if spec.family != cfg.family:
         raise ValueError(f"{out} holds a {spec.family} checkpoint but family={cfg.family!r}; resume with "
                          f"--family {spec.family} or choose another --out")
     torch.manual_seed(cfg.seed)
     model = DiffusionBackbone(spec)
+    if cfg.init is not None:
+        from tracelock.models.loading import load_model
+
+        model.load_state_dict(load_model(cfg.init).state_dict())
+        return model, load_tokenizer(out)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -324,22 +367,30 @@ def _deterministic_algorithms():
 def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_after: int | None = None) -> Path:
     """Run (or resume) training; returns the run folder, which holds the final weights when it completes.
 
-    ``stop_after`` ends the process-level run early after that step's state is saved (an interruption).
+    ``stop_after`` ends the process-level run early after that step's state is saved (an interruption). A second
+    run into the same folder is refused while this one holds it.
     """
-    out = Path(cfg.out)
+    # bad settings are refused before the run folder exists
     if cfg.family not in FAMILIES:
         raise ValueError(f"family={cfg.family!r}: the testbed model is one of {', '.join(FAMILIES)}; pass --family "
                          "llada or --family dream")
     if not 0 <= cfg.ar_steps < cfg.steps:
         raise ValueError(f"ar_steps={cfg.ar_steps} must be at least 0 and below steps={cfg.steps}: pass "
                          "--ar-steps smaller than --steps (the masked objective needs steps of its own)")
+    device = _training_device(cfg.device)
+    with folder_lock(cfg.out):
+        out = _train(cfg, device, resume, progress, stop_after)
+        remove_stale_temps(out)  # files a killed run left half-written
+    return out
+
+
+def _train(cfg: TrainConfig, device: torch.device, resume: bool, progress: bool, stop_after: int | None) -> Path:
+    out = Path(cfg.out)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     fresh = not (out / "train_state.json").exists()
     if not fresh and not resume:
         raise FileExistsError(f"{out} holds a training run; pass --resume to continue it or choose another --out")
-    device = _training_device(cfg.device)
-    out.mkdir(parents=True, exist_ok=True)
     model, tok = _build(cfg, out)
     model.to(device).train()
     opt = make_optimizer(cfg, model)

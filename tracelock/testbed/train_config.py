@@ -47,6 +47,9 @@ class TrainConfig:
     # peak learning rate of the masked phase after an AR phase (None: lr). Lower keeps more of what the AR phase
     # learnt, as Dream adapted its AR initialisation at a small learning rate
     masked_lr: float | None = None
+    # a finished run (or checkpoint folder) of the same family and sizes whose tokenizer and weights this run starts
+    # from, as Dream started from an AR model: a second stage of training (None: a fresh tokenizer and random weights)
+    init: str | None = None
     # every probe_every steps (0: never), decode the first probe_items validation items per task (confidence 1/step,
     # gen 64, blocks of 16) and record the accuracies in the run's log; greedy, so the weights are unchanged
     probe_every: int = 0

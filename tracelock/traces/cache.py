@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from tracelock import states
-from tracelock.atomic import atomic_write, atomic_write_json
+from tracelock.atomic import atomic_write, atomic_write_json, folder_lock, remove_stale_temps
 from tracelock.traces.replay import replay
 
 FORMAT = "tracelock-feature-cache/1"
@@ -134,11 +134,34 @@ def _read_index(path: Path) -> dict:
                                 f"{path.parent}`")
     try:
         index = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CacheCorruptError(f"{path} is not valid JSON ({err}); rebuild the cache") from None
-    if index.get("format") != FORMAT:
-        raise CacheCorruptError(f"{path}: format {index.get('format')!r}, expected {FORMAT!r}; rebuild the cache")
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        found = index.get("format") if isinstance(index, dict) else type(index).__name__
+        raise CacheCorruptError(f"{path}: format {found!r}, expected {FORMAT!r}; rebuild the cache")
+    if not _index_ok(index):
+        raise CacheCorruptError(f"{path} does not hold a valid cache index (code_dim, groups, shards with their "
+                                f"traces and files); delete {path.parent} and rerun `tracelock featurize`")
     return index
+
+
+def _file_ok(meta) -> bool:
+    return (isinstance(meta, dict) and isinstance(meta.get("file"), str) and isinstance(meta.get("shape"), list)
+            and isinstance(meta.get("dtype"), str) and isinstance(meta.get("sha256"), str))
+
+
+def _shard_ok(shard) -> bool:
+    return (isinstance(shard, dict) and isinstance(shard.get("files"), dict) and "items" in shard["files"]
+            and all(map(_file_ok, shard["files"].values())) and isinstance(shard.get("traces"), list)
+            and all(isinstance(t, dict) and isinstance(t.get("id"), str) for t in shard["traces"]))
+
+
+def _index_ok(index: dict) -> bool:
+    """The fields readers rely on, with their JSON types."""
+    code_dim = index.get("code_dim")
+    return (isinstance(code_dim, int) and not isinstance(code_dim, bool) and code_dim > 0
+            and isinstance(index.get("groups"), dict) and isinstance(index.get("shards"), list)
+            and all(map(_shard_ok, index["shards"])))
 
 
 def featurize(model, encoder, traces, out, *, dtype: str = "fp16", steps: str = "recorded", batch_size: int = 8,
@@ -168,42 +191,44 @@ def featurize(model, encoder, traces, out, *, dtype: str = "fp16", steps: str = 
     out.mkdir(parents=True, exist_ok=True)
     header = dict(format=FORMAT, dtype=dtype, steps=steps, code_dim=encoder.code_dim, groups=encoder.groups,
                   encoder=dict(digest=encoder.digest(), config=encoder.config()))
-    index = _open_index(out, header)
-    done = {t["id"] for s in index["shards"] for t in s["traces"]}
-    summary = dict(added=0, skipped=0, items=0, shards=0)
-    builder = _ShardBuilder(dtype)
-
-    def flush():
-        nonlocal builder
-        if builder.traces:
-            index["shards"].append(builder.write(out, f"shard-{len(index['shards']):05d}"))
-            atomic_write_json(out / INDEX, index)
-            summary["shards"] += 1
+    with folder_lock(out):  # one writer per cache folder
+        index = _open_index(out, header)
+        done = {t["id"] for s in index["shards"] for t in s["traces"]}
+        summary = dict(added=0, skipped=0, items=0, shards=0)
         builder = _ShardBuilder(dtype)
 
-    seen = set()
-    for trace in traces:
-        trace_id = trace.meta.get("id")
-        if not isinstance(trace_id, str) or not trace_id:
-            raise ValueError("every trace needs a string meta['id'] (the cache's resume key); the trace store "
-                             "assigns one")
-        if trace_id in seen:
-            raise ValueError(f"trace id {trace_id!r} appears twice in the input; trace ids must be unique")
-        seen.add(trace_id)
-        if trace_id in done:
-            summary["skipped"] += 1
-            continue
-        which = trace.steps if steps == "recorded" else np.arange(trace.num_steps)
-        items = list(_trace_items(model, encoder, trace, which, batch_size))
-        builder.add_trace(trace_id, items)
-        summary["added"] += 1
-        summary["items"] += len(items)
-        if builder.nbytes >= shard_bytes:
-            flush()
-    flush()
-    if not (out / INDEX).exists():
-        atomic_write_json(out / INDEX, index)
-    return summary
+        def flush():
+            nonlocal builder
+            if builder.traces:
+                index["shards"].append(builder.write(out, f"shard-{len(index['shards']):05d}"))
+                atomic_write_json(out / INDEX, index)
+                summary["shards"] += 1
+            builder = _ShardBuilder(dtype)
+
+        seen = set()
+        for trace in traces:
+            trace_id = trace.meta.get("id")
+            if not isinstance(trace_id, str) or not trace_id:
+                raise ValueError("every trace needs a string meta['id'] (the cache's resume key); the trace store "
+                                 "assigns one")
+            if trace_id in seen:
+                raise ValueError(f"trace id {trace_id!r} appears twice in the input; trace ids must be unique")
+            seen.add(trace_id)
+            if trace_id in done:
+                summary["skipped"] += 1
+                continue
+            which = trace.steps if steps == "recorded" else np.arange(trace.num_steps)
+            items = list(_trace_items(model, encoder, trace, which, batch_size))
+            builder.add_trace(trace_id, items)
+            summary["added"] += 1
+            summary["items"] += len(items)
+            if builder.nbytes >= shard_bytes:
+                flush()
+        flush()
+        if not (out / INDEX).exists():
+            atomic_write_json(out / INDEX, index)
+        remove_stale_temps(out)  # shard files a killed run left half-written
+        return summary
 
 
 class FeatureCache:

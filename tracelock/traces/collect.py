@@ -6,7 +6,8 @@ rank 0 merges the index and writes ``summary.json``. A re-run with the same argu
 done record are skipped, and a batch with an unfinished item is decoded again whole, so its rows see exactly the
 batch they saw before and the finished store holds the same traces as an uninterrupted run. Traces do not depend
 on the batch layout for deterministic policies at temperature 0 (batch == single, `tests/test_decode.py`), so K
-ranks and one process store the same traces; sampled policies depend on the layout.
+ranks and one process store the same traces; sampled policies depend on the layout. Each rank holds a lock on the
+folder (``.lock-rank<r>``): a second collect into it is refused. `tests/test_faults.py` kills it anywhere.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tracelock.atomic import atomic_write_json
+from tracelock.atomic import atomic_write_json, folder_lock, remove_stale_temps
 from tracelock.text import read_prompt_rows
 from tracelock.traces.filters import FilterConfig, code_reasons, text_reason
 from tracelock.traces.store import TraceWriter, build_index, done_records, store_bytes_per_trace, stored_ids
@@ -156,57 +157,61 @@ def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=Non
                     gen_length=gen_length, block=block, window=window, policy=policy, policy_args=policy_args or {},
                     fraction=fraction, confidence=keep_confidence, stop_at_eot=stop_at_eot, seed=seed,
                     filters=asdict(filters), dtype=dtype)
-    _check_settings(out, settings, rank)
-    model = load_model(model_path, dtype=getattr(torch, dtype), device=device)
-    tokenizer = load_tokenizer(model_path)
-    end_ids = model.spec.end_ids
+    # one writer per rank and folder: a second collect into the same --out is refused, not interleaved
+    with folder_lock(out, f"lock-rank{rank}"):
+        _check_settings(out, settings, rank)
+        model = load_model(model_path, dtype=getattr(torch, dtype), device=device)
+        tokenizer = load_tokenizer(model_path)
+        end_ids = model.spec.end_ids
 
-    shards_written, exit_after = [0], int(os.environ.get(_EXIT_AFTER_SHARDS, "0"))
+        shards_written, exit_after = [0], int(os.environ.get(_EXIT_AFTER_SHARDS, "0"))
 
-    def on_shard(entry):
-        shards_written[0] += 1
-        if shards_written[0] == exit_after:
-            os._exit(86)
+        def on_shard(entry):
+            shards_written[0] += 1
+            if shards_written[0] == exit_after:
+                os._exit(86)
 
-    writer = TraceWriter(out, shard_size=shard_size, prefix=f"rank{rank}", on_shard=on_shard)
-    done = writer.done_ids() | stored_ids(out, exclude=writer.prefix)
-    seconds_before = writer.extra.get("seconds", 0.0)
-    mine = items[rank::world_size]
-    common = dict(model=settings["model"], model_fingerprint=settings["model_fingerprint"], seed=seed)
-    bar = progress_bar(total=len(mine), desc="collect")
-    for first in range(0, len(mine), batch_size):
-        chunk = mine[first:first + batch_size]
-        if all(it.id in done for it in chunk):
+        writer = TraceWriter(out, shard_size=shard_size, prefix=f"rank{rank}", on_shard=on_shard)
+        done = writer.done_ids() | stored_ids(out, exclude=writer.prefix)
+        seconds_before = writer.extra.get("seconds", 0.0)
+        mine = items[rank::world_size]
+        common = dict(model=settings["model"], model_fingerprint=settings["model_fingerprint"], seed=seed)
+        bar = progress_bar(total=len(mine), desc="collect")
+        for first in range(0, len(mine), batch_size):
+            chunk = mine[first:first + batch_size]
+            if all(it.id in done for it in chunk):
+                bar.update(len(chunk))
+                continue
+            traces = record(model, [encode_prompt(tokenizer, it.prompt) for it in chunk], policy=policy,
+                            gen_length=gen_length, block=block, window=window, policy_args=policy_args,
+                            fraction=fraction, seed=seed, keep_confidence=keep_confidence, batch_size=len(chunk),
+                            stop_at_eot=stop_at_eot, row_seeds=[_row_seed(seed, it.id) for it in chunk],
+                            metas=[dict(common, id=it.id, **it.meta) for it in chunk])
+            completions = [decode_answer(tokenizer, t.final.tolist(), end_ids) for t in traces]
+            reasons = _filter_reasons(chunk, traces, completions, end_ids, filters)
+            writer.extra["seconds"] = seconds_before + time.perf_counter() - start
+            for it, trace, text, reason in zip(chunk, traces, completions, reasons):
+                if it.id in done:
+                    continue
+                if reason is not None:
+                    writer.skip(it.id, reason)
+                    continue
+                if it.example is not None and it.meta["task"] != "code":
+                    trace.meta["correct"] = bool(score(it.example, text))
+                elif it.example is not None and filters.enabled and filters.run_tests:
+                    trace.meta["correct"] = True  # a kept code answer passed its hidden tests
+                writer.add(trace)
             bar.update(len(chunk))
-            continue
-        traces = record(model, [encode_prompt(tokenizer, it.prompt) for it in chunk], policy=policy,
-                        gen_length=gen_length, block=block, window=window, policy_args=policy_args,
-                        fraction=fraction, seed=seed, keep_confidence=keep_confidence, batch_size=len(chunk),
-                        stop_at_eot=stop_at_eot, row_seeds=[_row_seed(seed, it.id) for it in chunk],
-                        metas=[dict(common, id=it.id, **it.meta) for it in chunk])
-        completions = [decode_answer(tokenizer, t.final.tolist(), end_ids) for t in traces]
-        reasons = _filter_reasons(chunk, traces, completions, end_ids, filters)
+        bar.close()
         writer.extra["seconds"] = seconds_before + time.perf_counter() - start
-        for it, trace, text, reason in zip(chunk, traces, completions, reasons):
-            if it.id in done:
-                continue
-            if reason is not None:
-                writer.skip(it.id, reason)
-                continue
-            if it.example is not None and it.meta["task"] != "code":
-                trace.meta["correct"] = bool(score(it.example, text))
-            elif it.example is not None and filters.enabled and filters.run_tests:
-                trace.meta["correct"] = True  # a kept code answer passed its hidden tests
-            writer.add(trace)
-        bar.update(len(chunk))
-    bar.close()
-    writer.extra["seconds"] = seconds_before + time.perf_counter() - start
-    writer.close(write_index=False)
-    if world_size > 1:
-        torch.distributed.barrier()
-    if rank != 0:
-        return None
-    return _summarize(out, len(items), settings, world_size)
+        writer.close(write_index=False)
+        if world_size > 1:
+            torch.distributed.barrier()
+        if rank != 0:
+            return None
+        summary = _summarize(out, len(items), settings, world_size)
+        remove_stale_temps(out)  # every rank is done: a temporary file left now is a killed writer's
+        return summary
 
 
 def _summarize(out: Path, num_items: int, settings: dict, world_size: int) -> dict:

@@ -37,7 +37,7 @@ def _featurize(args):
     traces = progress_bar(iter_traces(args.traces), total=load_index(args.traces)["num_traces"], desc="featurize",
                           unit="trace")
     summary = featurize(model, encoder, traces, args.out, dtype=args.cache_dtype, steps=args.steps,
-                        batch_size=args.batch_size, shard_bytes=args.shard_mb << 20)
+                        batch_size=args.batch_size, shard_bytes=max(1, round(args.shard_mb * (1 << 20))))
     summary["bytes_per_trace"] = cache_bytes_per_trace(args.out) if summary["added"] + summary["skipped"] else 0
     print(json.dumps(dict(out=args.out, **summary)))
 
@@ -79,5 +79,5 @@ def add_parsers(sub):
     add_alias(p, "--dtype", "--cache-dtype", dest="cache_dtype", choices=["fp16", "int8"])
     p.add_argument("--steps", choices=["recorded", "all"], default="recorded",
                    help="replay the trace's recorded steps or every forward")
-    p.add_argument("--shard-mb", type=positive_int, default=256, help="shard size in MiB")
+    p.add_argument("--shard-mb", type=float, default=256, help="shard size in MiB (a fraction makes small shards)")
     p.set_defaults(func=_featurize)

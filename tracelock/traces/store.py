@@ -31,6 +31,7 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from tracelock.atomic import atomic_write_bytes, atomic_write_json
+from tracelock.integrity import read_json
 from tracelock.traces.trace import NO_PROPOSAL, Trace
 
 FORMAT, VERSION = "tracelock-traces", 1
@@ -306,15 +307,26 @@ def build_index(directory) -> dict:
     return index
 
 
+def _entry_ok(entry) -> bool:
+    """A shard entry of the index or a done record has the fields readers rely on, with their JSON types."""
+    return (isinstance(entry, dict) and isinstance(entry.get("file"), str) and isinstance(entry.get("ids"), list)
+            and isinstance(entry.get("sha256"), str) and isinstance(entry.get("bytes"), int))
+
+
 def load_index(directory) -> dict:
     """The folder's ``index.json``: {format, version, num_traces, bytes, shards: [{file, sha256, bytes, ids}]}."""
     path = Path(directory) / INDEX
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: not a trace store, or its collection has not finished; "
                                 "re-run `tracelock collect` with the same arguments to resume and write it")
-    index = json.loads(path.read_text())
+    # the index is rebuilt from the writers' done records by every finished collect
+    fix = "re-run the same `tracelock collect` command: it finds every shard done and writes the index again"
+    index = read_json(path, fix=fix)
     if index.get("format") != FORMAT:
         raise ValueError(f"{path} is not a {FORMAT} index")
+    shards = index.get("shards")
+    if not isinstance(shards, list) or not all(map(_entry_ok, shards)):
+        raise CorruptShardError(f"{path} does not list its shards as {{file, sha256, bytes, ids}} entries; {fix}")
     return index
 
 
@@ -324,7 +336,10 @@ def iter_traces(directory, *, check: bool = True) -> Iterator[Trace]:
     for entry in load_index(folder)["shards"]:
         path = folder / entry["file"]
         data = _read_shard(folder, entry) if check else path.read_bytes()
-        yield from decode_shard(data, path)
+        traces = decode_shard(data, path)
+        if [t.meta.get("id") for t in traces] != entry["ids"]:  # never a silently shorter or other data set
+            raise CorruptShardError(f"{path} holds other traces than {INDEX} lists for it; {_recover_hint(path)}")
+        yield from traces
 
 
 def verify(directory) -> dict:

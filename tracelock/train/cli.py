@@ -27,7 +27,8 @@ def add_parsers(sub):
     p.add_argument("--out", required=True, help="run folder: best.safetensors/.json, metrics.json, state")
     p.add_argument("--encoder", help="the encoder folder that wrote the cache: copied into --out so it deploys alone "
                                      "(default: none; then pass the encoder beside the controller when deploying)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last saved state")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its last saved state (starts it when there is none yet)")
     for name, kind, default in DEFAULTS:
         p.add_argument("--" + name, type=kind, default=None, help=f"default {default}")
     p.add_argument("--features", choices=["last", "deltas", "hidden", "all"], default=None,

@@ -18,8 +18,10 @@ four times as much as recall). At the end the best checkpoint's held-out metrics
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,8 +30,9 @@ import torch
 import torch.nn.functional as F
 
 from tracelock import states
-from tracelock.atomic import atomic_write, atomic_write_json, atomic_write_text
+from tracelock.atomic import atomic_write_json, atomic_write_text, folder_lock, remove_stale_temps
 from tracelock.controller import Controller, ControllerConfig, active_confidence
+from tracelock.integrity import load_tensors, read_json, save_tensors
 from tracelock.train import metrics
 from tracelock.train.state import load_training_tensors, training_tensors
 
@@ -194,11 +197,8 @@ def _dist():
 def _save_state(out: Path, step: int, model, opt, info: dict) -> None:
     """Resumable state: weights + optimiser moments in ``state-<step>.safetensors``, then ``state.json`` naming
     it (the JSON is replaced last, so a crash leaves the previous consistent pair)."""
-    from safetensors.torch import save_file
-
-    tensors = training_tensors(model, opt)
     name = f"state-{step:08d}.safetensors"
-    atomic_write(out / name, lambda tmp: save_file(tensors, tmp))
+    save_tensors(out / name, training_tensors(model, opt))
     text = json.dumps(dict(info, step=step, file=name), indent=1)
     atomic_write_text(out / "state.json", text)
     for old in out.glob("state-*.safetensors"):
@@ -207,10 +207,10 @@ def _save_state(out: Path, step: int, model, opt, info: dict) -> None:
 
 
 def _load_state(out: Path, model, opt) -> dict:
-    from safetensors.torch import load_file
-
-    info = json.loads((out / "state.json").read_text())
-    load_training_tensors(load_file(str(out / info["file"])), model, opt)
+    fix = (f"restore {out} from a copy, or delete its state.json to train again from the start (same command "
+           "without --resume)")
+    info = read_json(out / "state.json", fix=fix)
+    load_training_tensors(load_tensors(out / str(info.get("file")), fix=fix), model, opt)
     return info
 
 
@@ -231,9 +231,19 @@ def train(config: TrainConfig, *, cache=None, resume: bool = False) -> Path:
         resume (bool): continue from ``config.out/state.json``.
 
     Writes into ``config.out``: ``best.safetensors`` + ``best.json`` (the controller), ``encoder.*`` (with
-    ``config.encoder``), ``metrics.json``, ``history.json`` and the resumable state.
+    ``config.encoder``), ``metrics.json``, ``history.json`` and the resumable state. ``resume`` on a folder with no
+    saved state yet (a run killed before its first evaluation) starts the run.
     """
     rank, world = _dist()
+    # rank 0 is the only writer; a second run into the same folder is refused while this one holds it
+    with folder_lock(config.out) if rank == 0 else contextlib.nullcontext():
+        out = _train(config, cache, resume, rank, world)
+        if rank == 0:
+            remove_stale_temps(out)  # checkpoints a killed run left half-written
+    return out
+
+
+def _train(config: TrainConfig, cache, resume: bool, rank: int, world: int) -> Path:
     if config.batch_size % world:
         raise ValueError(f"batch_size={config.batch_size} must be divisible by the {world} ranks")
     if cache is None:
@@ -248,7 +258,9 @@ def train(config: TrainConfig, *, cache=None, resume: bool = False) -> Path:
     if (out / "state.json").exists() and not resume:
         raise ValueError(f"{out} already holds a training run; pass --resume to continue it or a new --out")
     if resume and not (out / "state.json").exists():
-        raise FileNotFoundError(f"nothing to resume in {out} (no state.json); drop --resume to start a new run")
+        if rank == 0:
+            print(f"tracelock train: {out} holds no saved state yet; starting the run", file=sys.stderr)
+        resume = False
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and world > 1:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tracelock.atomic import atomic_write_json
+from tracelock.atomic import atomic_write_json, folder_lock
 
 __all__ = ["self_train"]
 
@@ -49,26 +49,27 @@ def self_train(model_path, controller, pre_cache, prompts: str, out, *, num=None
         raise ValueError(f"theta={theta!r} must lie in (0, 1); slightly above the deployed 0.95, e.g. 0.97")
     if block is None and window is None:
         window = 16
-    say = progress or (lambda what: None)
-    say("collect on-policy traces")
-    summary = collect(model_path, prompts, out / "traces", num=num, gen_length=gen_length, block=block, window=window,
-                      policy="tracelock", policy_args=dict(controller=str(controller), theta=theta),
-                      batch_size=decode_batch_size, seed=seed, filters=filters, device=device)
-    say("featurize them with the controller's encoder")
-    model = load_model(model_path, device=device)
-    encoder = load_encoder(controller, model)
-    traces = progress_bar(iter_traces(out / "traces"), total=load_index(out / "traces")["num_traces"],
-                          desc="featurize", unit="trace")
-    featurize(model, encoder, traces, out / "cache")
-    say("train from the controller on the mix")
-    run = out / "controller"
-    config = TrainConfig(cache=str(pre_cache), out=str(run), steps=steps, batch_size=batch_size, lr=lr,
-                         eval_every=eval_every or max(1, steps // 4), init=str(controller),
-                         mix_cache=str(out / "cache"), alpha=alpha, encoder=str(controller), device=device)
-    train(config, resume=(run / "state.json").exists())
-    atomic_write_json(out / "self_train.json", dict(collect=summary, theta=theta, alpha=alpha, steps=steps,
-                                                    controller=str(controller), pre_cache=str(pre_cache)))
-    return run
+    with folder_lock(out):  # one self-training run per folder (each stage also locks its own subfolder)
+        say = progress or (lambda what: None)
+        say("collect on-policy traces")
+        summary = collect(model_path, prompts, out / "traces", num=num, gen_length=gen_length, block=block,
+                          window=window, policy="tracelock", policy_args=dict(controller=str(controller), theta=theta),
+                          batch_size=decode_batch_size, seed=seed, filters=filters, device=device)
+        say("featurize them with the controller's encoder")
+        model = load_model(model_path, device=device)
+        encoder = load_encoder(controller, model)
+        traces = progress_bar(iter_traces(out / "traces"), total=load_index(out / "traces")["num_traces"],
+                              desc="featurize", unit="trace")
+        featurize(model, encoder, traces, out / "cache")
+        say("train from the controller on the mix")
+        run = out / "controller"
+        config = TrainConfig(cache=str(pre_cache), out=str(run), steps=steps, batch_size=batch_size, lr=lr,
+                             eval_every=eval_every or max(1, steps // 4), init=str(controller),
+                             mix_cache=str(out / "cache"), alpha=alpha, encoder=str(controller), device=device)
+        train(config, resume=(run / "state.json").exists())
+        atomic_write_json(out / "self_train.json", dict(collect=summary, theta=theta, alpha=alpha, steps=steps,
+                                                        controller=str(controller), pre_cache=str(pre_cache)))
+        return run
 
 
 def _self_train(args):
