@@ -36,8 +36,9 @@ TRAIN = ["--steps", "6", "--batch-size", "4", "--eval-every", "2", "--lr", "1e-3
          "--layers", "1", "--heads", "2", "--ffn", "48", "--device", "cpu"]
 # settings that hold the run's own folder, which differs between the runs compared
 PATHS = ("out", "mix_cache")
-TESTBED = ["--steps", "4", "--ar-steps", "2", "--batch-size", "4", "--d-model", "32", "--n-layers", "4", "--n-heads", "2",
-           "--mlp", "64", "--vocab-size", "400", "--tokenizer-corpus", "300", "--save-every", "2", "--threads", "1"]
+TESTBED = ["--steps", "4", "--ar-steps", "2", "--batch-size", "4", "--d-model", "32", "--n-layers", "4",
+           "--n-heads", "2", "--mlp", "64", "--vocab-size", "400", "--tokenizer-corpus", "300", "--save-every", "2",
+           "--threads", "1"]
 
 
 @dataclass
