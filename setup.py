@@ -111,7 +111,7 @@ setup(
     python_requires=">=3.11",
     packages=[*find_packages(include=["tracelock", "tracelock.*"]), "tracelock.kernels"],
     package_dir={"tracelock.kernels": "kernels"},
-    package_data={"tracelock.kernels": ["README.md"], "tracelock.testbed": ["model/*"]},
+    package_data={"tracelock.kernels": ["README.md"], "tracelock.testbed": ["model/*", "model-dream/*"]},
     install_requires=[
         "torch>=2.11",
         "numpy",

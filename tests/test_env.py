@@ -9,7 +9,7 @@ import pytest
 
 from tracelock import env
 
-KEYS = ["tracelock", "python", "torch", "triton", "interpreter", "_C", "gpu", "transformers"]
+KEYS = ["tracelock", "python", "torch", "threads", "triton", "interpreter", "_C", "gpu", "transformers"]
 
 
 def test_env_report_keys():

@@ -108,7 +108,7 @@ def test_spec_errors(setup, tmp_path):
         parse_policies("oracle,confidence")
     with pytest.raises(ValueError, match="must look like GEN/WIDTH"):
         parse_settings("128x32")
-    with pytest.raises(ValueError, match="--task 'gsm8k' is not a task spec"):
+    with pytest.raises(ValueError, match="--tasks: 'gsm8k' is not a task spec"):
         make_task("gsm8k")
     with pytest.raises(ValueError, match="needs --controller"):
         run_eval(setup[1], "testbed:math", parse_policies("tracelock"), parse_settings("16/4"), tmp_path, n=2)
@@ -124,7 +124,7 @@ def test_torchrun_two_ranks_match_one_process(setup, reference):
     root, model_dir = setup
     out = root / "torchrun"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "tracelock",
-           "eval", "--model", str(model_dir), "--task", "testbed:math", "--policies", "confidence,oracle",
+           "eval", "--model", str(model_dir), "--tasks", "testbed:math", "--policies", "confidence,oracle",
            "--settings", "16/4", "--limit", "5", "--batch-size", "2", "--workers", "1", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
     assert proc.returncode == 0, proc.stderr

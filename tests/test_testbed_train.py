@@ -83,6 +83,9 @@ def test_ar_warmup_switches_objective_and_resumes_across_the_switch(trained, tmp
     # each phase gets its own warm-up and cosine decay: the schedule restarts at the switch
     cfg = micro_config(tmp_path / "lr", ar_steps=2, warmup=2)
     assert _lr(cfg, 0) == _lr(cfg, 2) == cfg.lr / 2 and _lr(cfg, 1) == _lr(cfg, 3) == cfg.lr
+    # the masked phase may peak lower (masked_lr); the AR phase keeps lr
+    low = micro_config(tmp_path / "lr", ar_steps=2, warmup=2, masked_lr=1e-4)
+    assert _lr(low, 1) == low.lr and _lr(low, 3) == 1e-4
     train(micro_config(tmp_path / "a", ar_steps=2, warmup=1), progress=False)
     out = tmp_path / "b"
     train(micro_config(out, ar_steps=2, warmup=1), progress=False, stop_after=2)  # saved at the switch
@@ -219,11 +222,13 @@ def test_evaluation_scores_math_and_sandboxed_code(trained):
 
 
 def test_demo_cli(trained):
-    proc = subprocess.run([sys.executable, "-m", "tracelock", "demo", "--model", str(trained), "--n", "2",
+    proc = subprocess.run([sys.executable, "-m", "tracelock", "demo", "--model", str(trained), "--limit", "2",
                            "--gen-length", "16", "--block", "8"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "math, gen 16, block 8, 2 held-out items" in proc.stdout
     assert "| random 1/step |" in proc.stdout and "| oracle (of confidence 1/step) |" in proc.stdout
+    # progress: one bar per task on stderr, items of every row (5 baselines and the oracle, 2 items each)
+    assert "math: 100%" in proc.stderr and "12/12" in proc.stderr and "%|" not in proc.stdout
 
 
 def test_demo_method_trains_a_controller_and_the_demo_uses_it(trained, tmp_path):
@@ -241,7 +246,7 @@ def test_demo_method_trains_a_controller_and_the_demo_uses_it(trained, tmp_path)
     said.clear()
     assert train_demo_controller(trained, tmp_path / "work", config, say=said.append) == run
     assert said == [f"reusing the controller in {run}"]
-    proc = subprocess.run([sys.executable, "-m", "tracelock", "demo", "--model", str(trained), "--n", "2",
+    proc = subprocess.run([sys.executable, "-m", "tracelock", "demo", "--model", str(trained), "--limit", "2",
                            "--tasks", "math", "--gen-length", "16", "--block", "8", "--controller", str(run)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -259,8 +264,8 @@ def test_demo_method_refuses_when_every_trace_is_filtered(trained, tmp_path):
 
 def test_eval_cli_resumes_per_policy_row(trained, tmp_path):
     out = tmp_path / "eval.json"
-    cmd = [sys.executable, "-m", "tracelock", "testbed-eval", "--model", str(trained), "--tasks", "math", "--n", "2",
-           "--settings", "16/8", "--out", str(out)]
+    cmd = [sys.executable, "-m", "tracelock", "testbed-eval", "--model", str(trained), "--tasks", "math", "--limit",
+           "2", "--settings", "16/8", "--out", str(out)]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
     results = json.loads(out.read_text())
@@ -282,21 +287,27 @@ def test_eval_cli_resumes_per_policy_row(trained, tmp_path):
     assert third.returncode == 0 and "math gen16 block8: " not in third.stderr
     # another item count never mixes into the same rows
     other = subprocess.run(cmd[:-5] + ["3"] + cmd[-4:], capture_output=True, text=True, timeout=300)
-    assert other.returncode != 0 and "measured on 2 items; pass --n 2" in other.stderr
+    assert other.returncode != 0 and "measured on 2 items; pass --limit 2" in other.stderr
 
 
 def test_eval_cli_runs_the_chosen_rows_and_refuses_unknown_ones(trained, tmp_path):
-    cmd = [sys.executable, "-m", "tracelock", "testbed-eval", "--model", str(trained), "--tasks", "math", "--n", "2",
-           "--settings", "16/8", "--out", str(tmp_path / "eval.json"), "--policies"]
-    chosen = subprocess.run(cmd + ["threshold 0.9, random 1/step"], capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, "-m", "tracelock", "testbed-eval", "--model", str(trained), "--tasks", "testbed:math",
+           "--limit", "2", "--settings", "16/8", "--out", str(tmp_path / "eval.json"), "--policies"]
+    # policy specs pick the table's rows (under their labels) and add rows of their own
+    chosen = subprocess.run(cmd + ["threshold:tau=0.9,random,threshold:tau=0.8"], capture_output=True, text=True,
+                            timeout=300)
     assert chosen.returncode == 0, chosen.stderr
     rows = json.loads((tmp_path / "eval.json").read_text())["math gen16 block8"]
     # the reference row always runs: the oracle replays it
     assert [r["policy"] for r in rows] == ["confidence 1/step", "threshold 0.9", "random 1/step",
-                                           "oracle (of confidence 1/step)"]
+                                           "threshold:tau=0.8", "oracle (of confidence 1/step)"]
+    # the rows' labels still work for a release, with a deprecation message naming the spec
+    old = subprocess.run(cmd + ["threshold 0.9"], capture_output=True, text=True, timeout=300)
+    assert old.returncode == 0, old.stderr
+    assert "'threshold 0.9' is deprecated, use --policies threshold:tau=0.9" in old.stderr
     unknown = subprocess.run(cmd + ["threshold 0.95"], capture_output=True, text=True, timeout=300)
-    assert unknown.returncode != 0 and "unknown rows ['threshold 0.95']" in unknown.stderr
-    assert "'threshold 0.9'" in unknown.stderr
+    assert unknown.returncode == 2 and "'threshold 0.95' is neither a policy spec" in unknown.stderr
+    assert "'threshold 0.9'" in unknown.stderr and "Traceback" not in unknown.stderr
 
 
 def test_bundled_name_resolves(trained, monkeypatch, tmp_path):
@@ -365,10 +376,12 @@ def test_probe_classes_tokens_and_counts_every_answer_token(trained, tmp_path):
     cos = object_embedding_cosine(model, tok)
     assert set(cos) == {"embedding", "lm_head"} and all(-1 <= v <= 1 for v in cos.values())
     out = tmp_path / "probe.json"
-    proc = subprocess.run([sys.executable, "-m", "tracelock", "testbed-probe", "--model", str(trained), "--n", "2",
+    proc = subprocess.run([sys.executable, "-m", "tracelock", "testbed-probe", "--model", str(trained), "--limit", "2",
                            "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     saved = json.loads(out.read_text())
+    # the progress bar went to stderr: stdout is the JSON alone
+    assert json.loads(proc.stdout) == saved and "single-mask probe" in proc.stderr
     assert saved["tokens"] == {c: n for c, (_, n) in counts.items()} and saved["results"] == counts["result"][1]
 
 
@@ -398,4 +411,10 @@ def test_ship_copies_a_finished_run_with_its_provenance(tmp_path):
     assert info["loss_curve_masked"] == [p for p in log["loss"] if p[0] > 12]
     assert info["final_loss_10_step_mean"] == log["loss"][-1][1]
     assert set(info["probes"]) == {"how", "30"}
+    # a folder that holds a model (the bundled one included) is replaced only when asked
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "already holds a model; pass --overwrite" in again.stderr
+    assert subprocess.run(cmd + ["--overwrite"], capture_output=True, text=True, timeout=120).returncode == 0
+    bundled = subprocess.run(cmd[:5] + cmd[7:], capture_output=True, text=True, timeout=120)
+    assert bundled.returncode == 2 and "--dest" in bundled.stderr and "required" in bundled.stderr
     assert tracelock.load_model(dest).spec.num_layers == 4

@@ -141,7 +141,7 @@ def test_prompt_specs(tmp_path):
     items = load_items("testbed:math,code", 3, seed=2)
     assert [it.id for it in items] == [f"{t}:train:2:{i}" for t in ("math", "code") for i in range(3)]
     assert {it.meta["split"] for it in load_items("testbed:math@validation", 2)} == {"validation"}
-    with pytest.raises(ValueError, match="--num is required"):
+    with pytest.raises(ValueError, match="--limit is required"):
         load_items("testbed:math", None)
     with pytest.raises(ValueError, match="unknown testbed task 'poetry'"):
         load_items("testbed:poetry", 2)

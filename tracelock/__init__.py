@@ -1,14 +1,38 @@
 """tracelock: learned commitment for masked diffusion LMs (LLaDA, Dream), with fused decoding kernels."""
 
+import importlib
+
 __version__ = "0.1.0"
 
-# torch before anything that may load the compiled extension tracelock._C (it links against libc10)
-import torch  # noqa: E402, F401
-
-from tracelock.decode.throughput import generate_many  # noqa: E402
-from tracelock.generate import fused_generate  # noqa: E402
-from tracelock.models import ModelSpec, load_model, load_tokenizer, write_tiny_checkpoint  # noqa: E402
-from tracelock.reference import reference_generate  # noqa: E402
+# the public names load on first use (PEP 562), so `import tracelock` and the CLI's `--help` do not pay for torch
+# (about 1.3 s); each module imports torch before anything that may load the compiled extension tracelock._C
+_EXPORTS = {
+    "ModelSpec": "tracelock.models",
+    "fused_generate": "tracelock.generate",
+    "generate_many": "tracelock.decode.throughput",
+    "load_model": "tracelock.models",
+    "load_tokenizer": "tracelock.models",
+    "reference_generate": "tracelock.reference",
+    "write_tiny_checkpoint": "tracelock.models",
+}
 
 __all__ = ["ModelSpec", "__version__", "fused_generate", "generate_many", "load_model", "load_tokenizer",
            "reference_generate", "write_tiny_checkpoint"]
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    # `tracelock.ops` and other submodules, as before, when they were imported eagerly
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as err:
+        if err.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,8 +1,24 @@
-"""The ``tracelock`` command line: one subcommand per job."""
+"""The ``tracelock`` command line: one subcommand per job.
 
-import argparse
+Every subcommand speaks one grammar (docs/cli.md): --limit N items, --tasks testbed:math,testbed:code, policy
+specs name:key=value, --model-dtype for the backbone, --device cpu|cuda, --threads N, --quiet. Progress goes to
+stderr, results (tables, JSON) to stdout.
+"""
+
 import importlib
+import os
 import sys
+
+from tracelock import __version__
+from tracelock.cli_common import (
+    POLICY_NAMES,
+    Parser,
+    add_limit,
+    add_model_dtype,
+    add_runtime_options,
+    apply_runtime_options,
+    positive_int,
+)
 
 # subcommands defined beside their code: each module has `add_parsers(sub)` (keep its heavy imports inside
 # the command functions, so `tracelock --help` stays fast)
@@ -19,6 +35,7 @@ SUBCOMMAND_MODULES = (
     "tracelock.eval.report",
     "tracelock.eval.cli",
     "tracelock.eval.paper_tables",
+    "tracelock.eval.frontier",
 )
 
 
@@ -51,20 +68,22 @@ def _demo(args):
 def _add_demo(sub):
     p = sub.add_parser("demo", help="decode held-out testbed items with every heuristic baseline; print the table")
     p.add_argument("--model", default="testbed", help="checkpoint folder (default: the bundled testbed model)")
-    p.add_argument("--tasks", default="math,code", help="comma-separated testbed tasks")
-    p.add_argument("--n", type=int, default=16, help="held-out items per task")
-    p.add_argument("--gen-length", type=int, default=64)
+    p.add_argument("--tasks", default="testbed:math,testbed:code",
+                   help="comma-separated testbed tasks: testbed:math, testbed:code (math,code also accepted)")
+    add_limit(p, default=16, help="held-out items per task", old=("--n",))
+    p.add_argument("--gen-length", type=positive_int, default=64, help="tokens generated per item")
     sched = p.add_mutually_exclusive_group()
-    sched.add_argument("--block", type=int, help="semi-AR block length (default 16 when no window is given)")
-    sched.add_argument("--window", type=int, help="soft-crop window width")
-    p.add_argument("--batch-size", type=int, default=16)
+    sched.add_argument("--block", type=positive_int, help="semi-AR block length (default 16 when no window is given)")
+    sched.add_argument("--window", type=positive_int, help="soft-crop window width (default: blocks, not a window)")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="items decoded together")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out sample")
     p.add_argument("--tracelock", action="store_true",
                    help="add TraceLock: train a controller with the whole method (collect, fit-encoder, featurize, "
                         "train) in --work, or use --controller")
     p.add_argument("--work", default="tracelock-demo",
                    help="folder of the method's traces, encoder, cache and controller (a rerun reuses them)")
-    p.add_argument("--controller", help="a `tracelock train --out` folder to use instead of training one")
+    p.add_argument("--controller", help="a `tracelock train --out` folder to use instead of training one "
+                                        "(default: train one in --work when --tracelock is given)")
     p.set_defaults(func=_demo)
 
 
@@ -76,98 +95,161 @@ def _testbed_eval(args):
 
 def _add_testbed_eval(sub):
     p = sub.add_parser("testbed-eval", help="quality-vs-steps tables on held-out testbed items, JSON out")
-    p.add_argument("--model", default="testbed")
-    p.add_argument("--tasks", default="math,code")
-    p.add_argument("--n", type=int, default=300, help="held-out items per task")
-    p.add_argument("--settings", default="64/16,64/32,128/16,128/32", help="gen_length/width pairs")
-    p.add_argument("--schedule", choices=["block", "window"], default="block")
-    p.add_argument("--batch-size", type=int, default=100)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--policies", help='comma-separated row labels, e.g. "threshold 0.9,random 1/step" (default: all); '
-                                      '"confidence 1/step" always runs, as the oracle replays it')
-    p.add_argument("--device", default="cpu", help="where the model decodes (cpu, cuda)")
-    p.add_argument("--workers", type=int, default=2, help="sandbox processes that run the code answers' tests")
+    p.add_argument("--model", default="testbed", help="checkpoint folder (default: the bundled testbed model)")
+    p.add_argument("--tasks", default="testbed:math,testbed:code",
+                   help="comma-separated testbed tasks: testbed:math, testbed:code (math,code also accepted)")
+    add_limit(p, default=300, help="held-out items per task", old=("--n",))
+    p.add_argument("--settings", default="64/16,64/32,128/16,128/32", help="comma-separated GEN/WIDTH pairs")
+    p.add_argument("--schedule", choices=["block", "window"], default="block", help="semi-AR blocks or a window")
+    p.add_argument("--batch-size", type=positive_int, default=100, help="items decoded together")
+    p.add_argument("--seed", type=int, default=0, help="seed of the held-out sample")
+    p.add_argument("--policies", help="comma-separated policy specs name[:key=value...], e.g. "
+                                      "confidence,threshold:tau=0.9 (default: every row: confidence with 1, 2 and 4 "
+                                      "tokens per step, threshold 0.9/0.7/0.5, random); the rows' labels "
+                                      '("threshold 0.9") are accepted too, deprecated. "confidence" (1/step) always '
+                                      "runs, as the oracle replays it")
+    p.add_argument("--device", default="cpu", help="where the model decodes: cpu or cuda[:i]")
+    p.add_argument("--workers", type=positive_int, default=2, help="sandbox processes that run the code answers' "
+                                                                   "tests")
     p.add_argument("--out", required=True, help="JSON results file (settings already in it are skipped)")
     p.set_defaults(func=_testbed_eval)
 
 
 def _testbed_train(args):
-    import dataclasses
+    from tracelock.testbed.train import train
 
-    from tracelock.testbed.train import TrainConfig, train
-
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
-    out = train(cfg, resume=args.resume)
+    out = train(testbed_train_config(args), resume=args.resume)
     print(f"trained testbed model written to {out}")
 
 
-def _add_testbed_train(sub):
-    from tracelock.testbed.train import TrainConfig
+def testbed_train_config(args):
+    """`testbed-train`'s `TrainConfig`: the options given, else the family's shipped recipe, else the field defaults."""
+    import dataclasses
 
-    p = sub.add_parser("testbed-train", help="train the bundled testbed model (LLaDA SFT objective, resumable)")
+    from tracelock.testbed.train_config import recipe_config
+
+    fields = {f.name for f in dataclasses.fields(recipe_config("", "llada"))}
+    return recipe_config(args.out, args.family, **{k: v for k, v in vars(args).items()
+                                                   if k in fields and k not in ("out", "family") and v is not None})
+
+
+def _add_testbed_train(sub):
+    import dataclasses
+
+    from tracelock.testbed.train_config import SHIPPED_RECIPES, TrainConfig
+
+    p = sub.add_parser("testbed-train",
+                       help="train the bundled testbed model (LLaDA SFT objective, resumable); the defaults are the "
+                            "shipped model's recipe (9,000 steps of batch 128: about 6 min on one H200, hours on a "
+                            "CPU)")
     p.add_argument("--out", required=True, help="run folder: checkpoint files, train_state.*, final weights")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last saved step")
-    defaults = TrainConfig(out="")
-    for name in ("seed", "steps", "batch_size", "d_model", "n_layers", "n_heads", "mlp", "save_every", "threads",
-                 "vocab_size", "tokenizer_corpus", "warmup", "probe_every", "probe_items", "workers"):
+    p.add_argument("--family", choices=["llada", "dream"], default="llada",
+                   help="llada: LLaDA's config and unshifted logits; dream: a Dream-format checkpoint (Qwen2 keys, "
+                        "Dream's ids), the row before a masked position predicts it. The recipe defaults below are "
+                        "the family's shipped model's")
+    machine = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name != "out"}
+
+    def default(name):
+        """The help's default: the field's, or each family's shipped recipe value where they differ."""
+        values = {fam: recipe.get(name, machine[name]) for fam, recipe in SHIPPED_RECIPES.items()}
+        if len(set(map(str, values.values()))) == 1:
+            return f"default: {values['llada']}"
+        return "default: " + ", ".join(f"{v} ({fam})" for fam, v in values.items())
+
+    for name in ("seed", "steps", "batch_size", "d_model", "n_layers", "n_heads", "mlp", "save_every",
+                 "vocab_size", "tokenizer_corpus", "warmup", "probe_every", "probe_items", "workers", "ar_steps"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None,
-                       help=f"default {getattr(defaults, name)}")
-    for name in ("lr", "long_fraction", "block_fraction"):
+                       help=f"{_TRAIN_HELP[name]} ({default(name)})")
+    for name in ("lr", "masked_lr", "long_fraction", "block_fraction"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=None,
-                       help=f"default {getattr(defaults, name)}")
+                       help=f"{_TRAIN_HELP[name]} ({default(name)})")
+    p.add_argument("--threads", type=int, default=machine["threads"],
+                   help="torch CPU threads (default 0: $OMP_NUM_THREADS if set, else the physical cores); a run "
+                        "reproduces its weights on the device and thread count it ran on")
     p.add_argument("--compile", action="store_true", default=None,
                    help="torch.compile the loss, forward and backward (1.4-1.9x faster steps on a 2-core CPU "
                         "after about a minute of compiling)")
-    p.add_argument("--device", default=None,
-                   help="cpu (default) or cuda; a run reproduces its weights on the device and --threads it ran on")
-    p.add_argument("--ar-steps", type=int, default=None,
-                   help="start with this many autoregressive steps (causal mask, next-token loss), then LLaDA's "
-                        "objective with a fresh optimiser for the rest of --steps (default 0)")
+    p.add_argument("--device", default=machine["device"], help="cpu or cuda; a run reproduces its weights on the "
+                                                               "device and --threads it ran on")
     p.set_defaults(func=_testbed_train)
+
+
+_TRAIN_HELP = {
+    "seed": "seed of the data, masks and initialisation",
+    "steps": "optimiser steps in all (the AR warm-up included)",
+    "batch_size": "training answers per step",
+    "d_model": "hidden size",
+    "n_layers": "transformer layers",
+    "n_heads": "attention heads",
+    "mlp": "MLP width",
+    "save_every": "steps between resumable checkpoints",
+    "vocab_size": "BPE vocabulary of the trained tokenizer (the numbers 0-99 are added as single tokens)",
+    "tokenizer_corpus": "task texts the tokenizer is trained on",
+    "warmup": "learning-rate warm-up steps",
+    "probe_every": "decode validation items every N steps and log their accuracy (0: never)",
+    "probe_items": "validation items per task of each probe",
+    "workers": "processes that build the batches ahead of the step (0: in the training process)",
+    "ar_steps": "autoregressive steps first (causal mask, next-token loss), then the masked objective with a fresh "
+                "optimiser for the rest of --steps",
+    "lr": "peak AdamW learning rate (cosine decay to a tenth)",
+    "masked_lr": "the masked phase's peak learning rate after --ar-steps (None: --lr)",
+    "long_fraction": "share of batches with a 128-token generation region instead of 64",
+    "block_fraction": "share of rows masked the way semi-AR decoding sees them (0: LLaDA's SFT masking alone)",
+}
 
 
 def _add_generate(sub):
     p = sub.add_parser("generate", help="decode prompts with a commitment policy, JSONL out")
-    p.add_argument("--model", required=True, help="checkpoint folder (LLaDA, Dream or a tiny one)")
+    p.add_argument("--model", required=True, help='checkpoint folder (LLaDA, Dream or a tiny one), or "testbed"')
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="one prompt (the chat template is applied)")
     src.add_argument("--prompts", help='JSONL file, one {"prompt": ...} per line')
-    p.add_argument("--policy", required=True, help="policy name, e.g. threshold, confidence, entropy")
+    p.add_argument("--policy", required=True, metavar="SPEC",
+                   help=f"policy spec name[:key=value...], e.g. threshold:tau=0.9; names: {', '.join(POLICY_NAMES)}")
     p.add_argument("--policy-arg", action="append", default=[], metavar="K=V",
-                   help="policy keyword argument, repeatable (e.g. --policy-arg tau=0.9)")
-    p.add_argument("--gen-length", type=int, required=True)
+                   help="one more policy keyword argument, repeatable (e.g. --policy-arg tau=0.9); same as :K=V in "
+                        "--policy (default: none)")
+    p.add_argument("--gen-length", type=positive_int, required=True, help="tokens generated per prompt")
     sched = p.add_mutually_exclusive_group()
-    sched.add_argument("--block", type=int, help="semi-AR block length")
-    sched.add_argument("--window", type=int, help="soft-crop window width")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--cfg-scale", type=float, default=0.0)
+    sched.add_argument("--block", type=positive_int, help="semi-AR block length, divides --gen-length (default: "
+                                                          "neither block nor window, one region)")
+    sched.add_argument("--window", type=positive_int, help="soft-crop window width (default: no window)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0 samples (Gumbel-max)")
+    p.add_argument("--cfg-scale", type=float, default=0.0, help="LLaDA's classifier-free guidance (0: off)")
     p.add_argument("--stop-at-eot", action="store_true", help="a committed end token finishes the row")
     p.add_argument("--idle-steps", action="store_true", help="reproduce the reference release's block artifact")
     p.add_argument("--cache", choices=["prefix", "dual"], help="approximate KV cache (default: none)")
-    p.add_argument("--refresh-every", type=int, help="with --cache: also refresh a row after this many steps")
-    p.add_argument("--refresh-shift", type=int,
+    p.add_argument("--refresh-every", type=positive_int,
+                   help="with --cache: also refresh a row after this many steps (default: only at block starts or "
+                        "window moves)")
+    p.add_argument("--refresh-shift", type=positive_int,
                    help="with --cache and --window: refresh when the window moved this far (default: window // 2)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=1, help="prompts per batch (left-padded; same results)")
+    p.add_argument("--seed", type=int, default=0, help="seed of sampling and random policies")
+    p.add_argument("--batch-size", type=positive_int, default=1, help="prompts per batch (left-padded; same results)")
     p.add_argument("--no-chat-template", action="store_true", help="encode prompts as they are")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--impl", default=None, help="op implementation: torch, cpp or cuda (default: fastest)")
+    add_model_dtype(p)
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    p.add_argument("--impl", choices=["torch", "cpp", "triton", "cuda"],
+                   help="op implementation (default: $TRACELOCK_IMPL, else the fastest available)")
     p.add_argument("--out", help="JSONL output file (default: stdout)")
     p.set_defaults(func=_generate)
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="tracelock", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="tracelock", description=__doc__,
+                    epilog="`tracelock COMMAND --help` shows a command's options with their defaults. Every command "
+                           "takes --threads N (torch CPU threads; default $OMP_NUM_THREADS, else the physical cores) "
+                           "and --quiet (no progress on stderr).")
+    parser.add_argument("--version", action="version", version=f"tracelock {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     p = sub.add_parser("env", help="print torch, triton, interpreter mode, tracelock._C and GPU status")
     p.set_defaults(func=_env)
     p = sub.add_parser("tiny-checkpoint", help="write a tiny random LLaDA/Dream checkpoint folder")
-    p.add_argument("--family", choices=["llada", "dream"], default="llada")
-    p.add_argument("--profile", choices=["micro", "kernel"], default="micro")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--shards", type=int, default=1)
+    p.add_argument("--family", choices=["llada", "dream"], default="llada", help="model family")
+    p.add_argument("--profile", choices=["micro", "kernel"], default="micro", help="sizes: micro (tests) or kernel")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--shards", type=positive_int, default=1, help="safetensors files to split the weights into")
     p.add_argument("--out", required=True, help="folder to write")
     p.set_defaults(func=_tiny_checkpoint)
     _add_generate(sub)
@@ -176,17 +258,34 @@ def build_parser():
     _add_testbed_eval(sub)
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(name).add_parsers(sub)
+    for p in sub.choices.values():
+        add_runtime_options(p)
     return parser
+
+
+# bad input (and a missing file) ends in one line naming the fix, not a traceback; TRACELOCK_DEBUG=1 shows it
+_USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+                PermissionError)
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    apply_runtime_options(args)
     try:
+        if getattr(args, "device", None) is not None:
+            from tracelock.checks import check_device
+
+            check_device(args.device)
         return args.func(args) or 0
-    except (ValueError, TypeError, FileNotFoundError) as err:
-        # bad input: one clear line, no traceback
+    except _USER_ERRORS as err:
+        if os.environ.get("TRACELOCK_DEBUG"):
+            raise
         print(f"tracelock {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"tracelock {args.command}: interrupted (the resumable commands continue where they stopped when run "
+              "again with the same arguments)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

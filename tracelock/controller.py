@@ -56,9 +56,17 @@ def controller_fingerprint(model=None, encoder=None) -> dict:
 
 
 def check_fingerprint(trained: dict, given: dict) -> None:
-    """Raise when ``given`` disagrees with the fingerprint a controller was trained with (on the keys both have)."""
-    for key in trained.keys() & given.keys():
-        if trained[key] != given[key]:
+    """Raise when ``given`` disagrees with the fingerprint a controller was trained with (on the keys both have;
+    the backbone by `tracelock.features.backbone_mismatch`, which also compares a sample of the weights)."""
+    from tracelock.features import backbone_mismatch
+
+    for key in sorted(trained.keys() & given.keys()):
+        if key == "backbone":
+            why = backbone_mismatch(trained[key], given[key])
+            if why is not None:
+                raise ValueError(f"this controller was trained for {why}; train a controller on traces (and codes) "
+                                 "of this backbone")
+        elif trained[key] != given[key]:
             raise ValueError(f"this controller was trained for {key} {trained[key]} but is used with {given[key]}; "
                              f"train a controller on traces (and codes) of this {key}")
 

@@ -14,7 +14,8 @@ def _version(dist: str) -> str:
 
 
 def report() -> dict:
-    """Return one short string per fact: tracelock, python, torch, triton, interpreter, _C, gpu, transformers."""
+    """Return one short string per fact: tracelock, python, torch, threads (torch's CPU threads), triton,
+    interpreter, _C, gpu, transformers."""
     import torch
 
     import tracelock
@@ -31,6 +32,7 @@ def report() -> dict:
         "tracelock": tracelock.__version__,
         "python": f"{platform.python_version()} ({sys.executable})",
         "torch": f"{torch.__version__} ({f'cuda {torch.version.cuda}' if torch.version.cuda else 'cpu'})",
+        "threads": str(torch.get_num_threads()),
         "triton": _triton.triton_version or "not installed",
         "interpreter": f"TRITON_INTERPRET={'1' if _triton.triton_interpret else '0'}",
         "_C": ext,

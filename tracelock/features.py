@@ -36,11 +36,53 @@ CONFIG_FILE, WEIGHTS_FILE = "encoder.json", "encoder.safetensors"
 FORMAT = "tracelock-encoder/1"
 
 
+# a weight sample of this many values tells two backbones of the same shape apart; they count as the same backbone
+# when the samples differ by at most WEIGHTS_TOLERANCE (relative L2), so the same checkpoint loaded in bf16 or fp16
+# (rounding moves the sample by < 0.4%) still matches, while another checkpoint differs by order 1
+WEIGHT_SAMPLE, WEIGHTS_TOLERANCE = 64, 0.02
+
+
+def weights_sample(model, k: int = WEIGHT_SAMPLE) -> list:
+    """``k`` weights at fixed places of the backbone's matrices (norm weights start equal in every model, so they
+    are left out), rounded to 5 significant digits so the list survives a JSON round trip unchanged."""
+    mats = [p for _, p in sorted(model.named_parameters(), key=lambda kv: kv[0]) if p.dim() >= 2]
+    picks = []
+    for i in range(k):
+        flat = mats[i % len(mats)].detach().reshape(-1)
+        picks.append(flat[(i * 2654435761) % flat.numel()])
+    return [float(f"{v:.5g}") for v in torch.stack(picks).float().cpu().tolist()]
+
+
 def backbone_fingerprint(model_or_spec) -> dict:
-    """What an encoder must match in a backbone: family and the sizes that shape the hidden states."""
+    """What an encoder (and a controller or filter) must match in a backbone: family, the sizes that shape the
+    hidden states and, given the model itself rather than its spec, a sample of its weights (`weights_sample`)."""
     spec = getattr(model_or_spec, "spec", model_or_spec)
-    return dict(family=spec.family, hidden_size=spec.hidden_size, num_layers=spec.num_layers,
-                vocab_size=spec.vocab_size)
+    fp = dict(family=spec.family, hidden_size=spec.hidden_size, num_layers=spec.num_layers,
+              vocab_size=spec.vocab_size)
+    if hasattr(model_or_spec, "named_parameters"):
+        fp["weights"] = weights_sample(model_or_spec)
+    return fp
+
+
+def describe_backbone(fp: dict) -> dict:
+    """A fingerprint for messages: the shape keys, without the weight sample."""
+    return {k: v for k, v in fp.items() if k != "weights"}
+
+
+def backbone_mismatch(trained: dict, got: dict) -> str | None:
+    """None when fingerprint ``got`` matches ``trained`` on the keys both record (older artifacts record no weight
+    sample); else the reason, worded to follow "it was made for"."""
+    if any(trained[k] != got[k] for k in trained.keys() & got.keys() if k != "weights"):
+        return f"backbone {describe_backbone(trained)} but is used with {describe_backbone(got)}"
+    a, b = trained.get("weights"), got.get("weights")
+    if a and b and len(a) == len(b):
+        a, b = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
+        rel = float((a - b).norm() / a.norm().clamp_min(1e-12))
+        if rel > WEIGHTS_TOLERANCE:
+            return (f"another backbone of the same shape ({describe_backbone(got)}): a sample of its weights differs "
+                    f"from this model's by {rel:.2f} (relative; the same checkpoint in another dtype differs by "
+                    f"< {WEIGHTS_TOLERANCE})")
+    return None
 
 
 class _Standardised(nn.Module):
@@ -213,10 +255,10 @@ class TapEncoder(nn.Module):
         return h.hexdigest()
 
     def check_backbone(self, model_or_spec, where="this encoder"):
-        got = backbone_fingerprint(model_or_spec)
-        if got != self.backbone:
-            raise ValueError(f"{where} was fit on backbone {self.backbone} but the model is {got}; "
-                             "fit an encoder for this backbone with `tracelock fit-encoder`")
+        why = backbone_mismatch(self.backbone, backbone_fingerprint(model_or_spec))
+        if why is not None:
+            raise ValueError(f"{where} was fit on {why}; fit an encoder for this backbone with "
+                             "`tracelock fit-encoder`")
 
     def save(self, folder) -> Path:
         """Write ``encoder.safetensors`` and ``encoder.json`` into ``folder`` (each atomically; the JSON last)."""

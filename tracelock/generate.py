@@ -15,6 +15,7 @@ shapes, one host read per step, the step compiled with ``torch.compile`` (`trace
 from functools import partial
 
 from tracelock import ops
+from tracelock.checks import check_decode_inputs, policy_args_for
 from tracelock.decode.compiled import compile_requested, eager_reason, generate_compiled, warn_eager
 from tracelock.decode.loop import run_decode
 
@@ -83,6 +84,8 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
         tokens, stats = tracelock.fused_generate(model, ids, policy="threshold", gen_length=64, block=16)
         print(stats.steps)
     """
+    check_decode_inputs(model, input_ids, policy_args)
+    policy_args = policy_args_for(model, policy, policy_args)
     mode = compile_requested(compile)
     if mode:
         reason = eager_reason(policy, policy_args, temperature, cfg_scale, observer)

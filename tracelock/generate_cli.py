@@ -4,10 +4,11 @@ import json
 import sys
 
 import torch
-from tqdm import tqdm
 
+from tracelock.cli_common import policy_and_args
 from tracelock.generate import fused_generate
 from tracelock.models import load_model, load_tokenizer
+from tracelock.progress import progress_bar
 from tracelock.text import decode_answer, encode_prompt, read_prompt_rows
 
 
@@ -17,38 +18,22 @@ def read_prompts(args) -> list:
     return [row["prompt"] for row in read_prompt_rows(args.prompts)]
 
 
-def parse_policy_args(pairs) -> dict:
-    """["tau=0.9", "steps=32"] -> {"tau": 0.9, "steps": 32}; values are JSON when they parse, else strings."""
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--policy-arg {pair!r} must look like key=value, e.g. tau=0.9")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
 def run_generate(args) -> int:
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size {args.batch_size} must be >= 1")
-    model = load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+    policy, policy_args = policy_and_args(args.policy, args.policy_arg)
+    model = load_model(args.model, dtype=getattr(torch, args.model_dtype), device=args.device)
     tokenizer = load_tokenizer(args.model)
     prompts = read_prompts(args)
-    policy_args = parse_policy_args(args.policy_arg)
-    settings = dict(model=str(args.model), policy=args.policy, policy_args=policy_args, gen_length=args.gen_length,
+    settings = dict(model=str(args.model), policy=policy, policy_args=policy_args, gen_length=args.gen_length,
                     block=args.block, window=args.window, temperature=args.temperature, cfg_scale=args.cfg_scale,
-                    stop_at_eot=args.stop_at_eot, idle_steps=args.idle_steps, seed=args.seed, dtype=args.dtype,
+                    stop_at_eot=args.stop_at_eot, idle_steps=args.idle_steps, seed=args.seed, dtype=args.model_dtype,
                     cache=args.cache, refresh_every=args.refresh_every, refresh_shift=args.refresh_shift)
     out = open(args.out, "w") if args.out else sys.stdout
     try:
-        bar = tqdm(total=len(prompts), disable=len(prompts) < 2, file=sys.stderr, unit="prompt")
+        bar = progress_bar(total=len(prompts), disable=len(prompts) < 2, desc="generate", unit="prompt")
         for start in range(0, len(prompts), args.batch_size):
             batch = prompts[start:start + args.batch_size]
             ids = [encode_prompt(tokenizer, p, not args.no_chat_template) for p in batch]
-            tokens, stats = fused_generate(model, ids, policy=args.policy, policy_args=policy_args,
+            tokens, stats = fused_generate(model, ids, policy=policy, policy_args=policy_args,
                                            gen_length=args.gen_length, block=args.block, window=args.window,
                                            temperature=args.temperature, cfg_scale=args.cfg_scale,
                                            stop_at_eot=args.stop_at_eot, idle_steps=args.idle_steps,

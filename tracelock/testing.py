@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from tracelock.models.loading import _tensor_files
 from tracelock.models.spec import ModelSpec
 
 # official LLaDA key fragment -> transformers Llama fragment (MODELS.md §10); Dream's names equal Qwen2's
@@ -51,11 +52,10 @@ def hf_reference(folder, dtype=torch.float32):
         config, cls = Qwen2Config(**kwargs, use_sliding_window=False), Qwen2ForCausalLM
     model = cls(config)
     state = {}
-    files = sorted(Path(folder).glob("*.safetensors"))
-    for file in files:
+    # the checkpoint's own weight files (model.safetensors or its index), not other safetensors in the folder
+    for key, file in _tensor_files(Path(folder)).items():
         with safe_open(file, framework="pt") as f:
-            for key in f.keys():
-                state[_hf_key(spec, key)] = f.get_tensor(key)
+            state[_hf_key(spec, key)] = f.get_tensor(key)
     model.load_state_dict(state, strict=True)
     return model.to(dtype).eval()
 

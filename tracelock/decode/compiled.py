@@ -62,8 +62,11 @@ def eager_reason(policy, policy_args, temperature, cfg_scale, observer) -> str |
 
 
 def _key(policy, policy_args, settings: dict, slots: int, bucket: int) -> tuple:
-    # a policy object is its own key (the engine holds it); a name with its arguments by value
-    who = ("object", id(policy)) if not isinstance(policy, str) else (policy, repr(sorted((policy_args or {}).items())))
+    # a policy object is its own key (the engine holds it); a name with its arguments by value (a module, such as the
+    # backbone a learned policy is checked against, by identity)
+    args = sorted((k, ("object", id(v)) if isinstance(v, torch.nn.Module) else v)
+                  for k, v in (policy_args or {}).items())
+    who = ("object", id(policy)) if not isinstance(policy, str) else (policy, repr(args))
     return who, tuple(sorted(settings.items())), slots, bucket
 
 

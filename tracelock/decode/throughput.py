@@ -50,8 +50,9 @@ def generate_many(model, prompts: list, *, batch_size: int, generate=None, **dec
     """
     if generate is None:
         from tracelock.generate import fused_generate as generate
-    if not prompts:
-        raise ValueError("prompts is empty; pass at least one token-id list")
+    from tracelock.checks import check_prompt_lists
+
+    check_prompt_lists(prompts, name="prompts")
     gen_length = decode_args["gen_length"]
     outputs, tokens, steps, padded, total = [None] * len(prompts), 0, 0, 0, 0
     batches = length_batches(prompts, batch_size)

@@ -1,62 +1,77 @@
-"""`tracelock eval`: the paper-style comparison of policies on one task (see `tracelock.eval.runner`)."""
+"""`tracelock eval`: the paper-style comparison of policies on one task or several (see `tracelock.eval.runner`)."""
 
 import os
-import sys
+from pathlib import Path
 
 
 def run_eval_cli(args) -> int:
+    from tracelock.cli_common import split_tasks
     from tracelock.distributed import torchrun_group
     from tracelock.eval.judging import check_judge_args, make_judge
-    from tracelock.eval.runner import parse_policies, parse_settings, run_eval, summary_table
+    from tracelock.eval.runner import parse_policies, parse_settings, run_eval, slug, summary_table
+    from tracelock.progress import status
 
+    tasks = split_tasks(args.tasks)
     policies, settings = parse_policies(args.policies), parse_settings(args.settings)
     wants_judge = args.judge_url is not None or args.judge_local is not None
     if wants_judge:
         check_judge_args(args.judge_url, args.judge_model, args.judge_local)  # fail before decoding, build nothing
+    # one task: its run folder is --out (what `tracelock report` reads); several: one run folder per task inside it
+    folders = {task: Path(args.out) if len(tasks) == 1 else Path(args.out) / slug(task) for task in tasks}
     with torchrun_group(args.device) as (rank, world, device):
         judge = (make_judge(args.judge_url, args.judge_model, args.judge_local,
                             os.environ.get("TRACELOCK_JUDGE_API_KEY")) if wants_judge and rank == 0 else None)
-        rows = run_eval(args.model, args.task, policies, settings, args.out, n=args.limit, seed=args.seed,
-                        batch_size=args.batch_size, schedule=args.schedule, controller=args.controller, l2p=args.l2p,
-                        rank=rank, world_size=world, dtype=args.dtype, device=device, workers=args.workers, judge=judge,
-                        progress=lambda what: print(f"  {what}", file=sys.stderr, flush=True))
-    if rows is not None:
-        print(f"{rows[0]['metric_name']} / average steps per item:")
-        print(summary_table(rows, [s.label for s in settings], [p.label for p in policies]))
-        print(f"per-item results, traces and summary.json/.csv in {args.out}")
+        for task, folder in folders.items():
+            rows = run_eval(args.model, task, policies, settings, folder, n=args.limit, seed=args.seed,
+                            batch_size=args.batch_size, schedule=args.schedule, controller=args.controller,
+                            l2p=args.l2p, rank=rank, world_size=world, dtype=args.model_dtype, device=device,
+                            workers=args.workers, judge=judge, progress=status)
+            if rows is not None:
+                print(f"{task}: {rows[0]['metric_name']} / average steps per item:")
+                print(summary_table(rows, [s.label for s in settings], [p.label for p in policies]))
+                print(f"per-item results, traces and summary.json/.csv in {folder}\n")
     return 0
 
 
 def add_run_arguments(p) -> None:
     """Decoding options shared by `eval` and `paper-tables`."""
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=2, help="sandbox processes for code scoring")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun: cuda:LOCAL_RANK)")
+    from tracelock.cli_common import add_model_dtype, positive_int
+
+    p.add_argument("--batch-size", type=positive_int, default=32, help="items decoded together")
+    p.add_argument("--seed", type=int, default=0, help="seed of the items' order (testbed) and of sampling")
+    p.add_argument("--workers", type=positive_int, default=2, help="sandbox processes for code scoring")
+    add_model_dtype(p)
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (under torchrun: cuda:LOCAL_RANK)")
 
 
 def add_parsers(sub) -> None:
+    from tracelock.cli_common import add_alias, positive_int
+
     p = sub.add_parser("eval", help="every policy on the same prompts: metric and steps per setting (resumable, "
                                     "torchrun-ready)")
     p.add_argument("--model", required=True, help='checkpoint folder, or "testbed"')
-    p.add_argument("--task", required=True, help="gsm8k:PATH, humaneval[:PATH], humaneval-with-tests[:PATH], "
-                                                 "qa:PATH, testbed:math or testbed:code "
-                                                 "(testbed:math@validation: that split)")
+    tasks = p.add_mutually_exclusive_group(required=True)
+    tasks.add_argument("--tasks", help="comma-separated tasks: gsm8k:PATH, humaneval[:PATH], "
+                                       "humaneval-with-tests[:PATH], qa:PATH, testbed:math, testbed:code "
+                                       "(testbed:math@validation: that split); several tasks write one run folder "
+                                       "each inside --out")
+    add_alias(tasks, "--task", "--tasks", dest="tasks")
     p.add_argument("--policies", required=True,
-                   help="comma-separated name[:key=value...], e.g. confidence,threshold:tau=0.9,tracelock,oracle "
-                        "(oracle replays the first policy's final tokens)")
+                   help="comma-separated policy specs name[:key=value...], e.g. confidence,threshold:tau=0.9,"
+                        "tracelock,oracle (oracle replays the first policy's final tokens)")
     p.add_argument("--settings", default="128/32", help="GEN/WIDTH comma-separated, e.g. 128/32,256/64")
-    p.add_argument("--controller", help="a `tracelock train --out` folder, for the tracelock policy")
-    p.add_argument("--l2p", help="a `tracelock train-l2p --out` folder (one filter per block size), for l2p")
+    p.add_argument("--controller", help="a `tracelock train --out` folder, for the tracelock policy (default: none)")
+    p.add_argument("--l2p", help="a `tracelock train-l2p --out` folder (one filter per block size), for l2p "
+                                 "(default: none)")
     p.add_argument("--schedule", default="auto", choices=["auto", "block", "window"],
                    help="auto: tracelock in a sliding window, the others in semi-AR blocks (the paper's protocol)")
-    p.add_argument("--limit", type=int, help="the task's first N items (required for testbed tasks; not --num, which "
-                                             "torchrun's own parser would take for --numa-binding)")
+    p.add_argument("--limit", type=positive_int, metavar="N",
+                   help="the task's first N items (required for testbed tasks; default: every item of a file task)")
     p.add_argument("--out", required=True, help="run folder (re-running with the same arguments resumes)")
     p.add_argument("--judge-url", help="qa: an OpenAI-compatible server's base URL, e.g. http://127.0.0.1:8000/v1 "
-                                       "(API key, if any, from $TRACELOCK_JUDGE_API_KEY)")
-    p.add_argument("--judge-model", help="qa: the served judge model's name, with --judge-url")
-    p.add_argument("--judge-local", help="qa: a transformers chat model folder as the judge, instead of --judge-url")
+                                       "(API key, if any, from $TRACELOCK_JUDGE_API_KEY; default: no judge)")
+    p.add_argument("--judge-model", help="qa: the served judge model's name, with --judge-url (default: none)")
+    p.add_argument("--judge-local", help="qa: a transformers chat model folder as the judge, instead of --judge-url "
+                                         "(default: none)")
     add_run_arguments(p)
     p.set_defaults(func=run_eval_cli)

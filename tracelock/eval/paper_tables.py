@@ -16,7 +16,6 @@ Baselines decode in semi-AR blocks and TraceLock in its sliding window, as in th
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from tracelock.atomic import atomic_write_json, atomic_write_text
@@ -128,16 +127,17 @@ def run_tables(model, controller, tasks: list[str], out, *, l2p=None, lengths=(6
 
 
 def run_tables_cli(args) -> int:
+    from tracelock.cli_common import split_tasks
     from tracelock.distributed import torchrun_group
+    from tracelock.progress import status
 
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    tasks = split_tasks(args.tasks)
     with torchrun_group(args.device) as (rank, world, device):
         text = run_tables(args.model, args.controller, tasks, args.out, l2p=args.l2p,
                           lengths=_ints(args.lengths, "--lengths"),
                           widths=_ints(args.widths, "--widths"), limit=args.limit, static_tau=args.static_tau,
-                          batch_size=args.batch_size, seed=args.seed, workers=args.workers, dtype=args.dtype,
-                          device=device, rank=rank, world_size=world,
-                          progress=lambda what: print(f"  {what}", file=sys.stderr, flush=True))
+                          batch_size=args.batch_size, seed=args.seed, workers=args.workers, dtype=args.model_dtype,
+                          device=device, rank=rank, world_size=world, progress=status)
     if text is not None:
         print(text)
         print(f"tables in {Path(args.out) / 'tables.md'}; run folders (for `tracelock report`) in {args.out}/*/")
@@ -155,18 +155,21 @@ def _ints(text: str, arg: str) -> list[int]:
 
 
 def add_parsers(sub) -> None:
+    from tracelock.cli_common import positive_int
     from tracelock.eval.cli import add_run_arguments
 
     p = sub.add_parser("paper-tables", help="the paper's main, generalisation and deployment-ablation tables "
                                             "(resumable, torchrun-ready)")
     p.add_argument("--model", required=True, help='checkpoint folder, or "testbed"')
     p.add_argument("--controller", required=True, help="a `tracelock train --out` folder")
-    p.add_argument("--l2p", help="a `tracelock train-l2p --out` folder with a filter for every width (adds Learn2PD)")
-    p.add_argument("--tasks", default="testbed:math,testbed:code", help="comma-separated task specs "
-                                                                        "(see `tracelock eval --help`)")
+    p.add_argument("--l2p", help="a `tracelock train-l2p --out` folder with a filter for every width (adds Learn2PD; "
+                                 "default: none, no Learn2PD rows)")
+    p.add_argument("--tasks", default="testbed:math,testbed:code", help="comma-separated tasks as `tracelock eval` "
+                                                                        "names them")
     p.add_argument("--lengths", default="64,128", help="generation lengths (multiples of 4)")
     p.add_argument("--widths", default="16,32", help="block/window widths of the main table")
-    p.add_argument("--limit", type=int, help="the first N items per task (required for testbed tasks)")
+    p.add_argument("--limit", type=positive_int, metavar="N",
+                   help="the first N items per task (required for testbed tasks; default: every item of a file task)")
     p.add_argument("--static-tau", type=float, default=0.0, help="threshold logit of the static-threshold ablation")
     p.add_argument("--out", required=True, help="output folder (re-running with the same arguments resumes)")
     add_run_arguments(p)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tracelock.atomic import atomic_write_bytes, atomic_write_text
 
-EVAL_HINT = "run `tracelock eval --model ... --task ... --out RUN_DIR` first"
+EVAL_HINT = "run `tracelock eval --model ... --tasks ... --out RUN_DIR` first"
 # one file per policy folder, or several (per rank or batch: ``controller_steps-rank0.safetensors``), joined
 CONTROLLER_STEPS, CONTROLLER_STEPS_GLOB = "controller_steps.safetensors", "controller_steps*.safetensors"
 

@@ -211,6 +211,7 @@ def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, ra
     """Decode this rank's not-yet-done ``items`` with one policy at one setting; append results and traces."""
     from tracelock.policies import make_policy
     from tracelock.policies.oracle import OraclePolicy
+    from tracelock.progress import progress_bar
     from tracelock.text import decode_answer, encode_prompt
     from tracelock.traces.store import TraceWriter, stored_ids
 
@@ -231,6 +232,7 @@ def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, ra
     elif policy.name != "oracle":
         pol = make_policy(policy.name, **policy.policy_args)
     sched = schedule_of(policy, setting, schedule)
+    bar = progress_bar(total=len(items), initial=len(items) - len(todo), desc=f"{setting.label} {policy.label}")
     for start in range(0, len(todo), batch_size):
         chunk = todo[start:start + batch_size]
         prompts = [encode_prompt(tokenizer, it.prompt) for it in chunk]
@@ -249,6 +251,8 @@ def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, ra
         _append_lines(items_path, [dict(id=it.id, correct=c, steps=int(t.num_steps), seconds=seconds,
                                         completion=text, tokens=t.final.tolist())
                                    for it, t, text, c in zip(chunk, traces, completions, correct)])
+        bar.update(len(chunk))
+    bar.close()
     writer.close(write_index=False)
 
 
@@ -366,8 +370,6 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
     for setting in settings:
         for policy in policies:
             folder = out / "runs" / setting.slug / policy.slug
-            if progress:
-                progress(f"{setting.label} {policy.label}")
             _decode_policy(model, tokenizer, task, mine, policy, setting, folder, rank=rank, batch_size=batch_size,
                            seed=seed, schedule=schedule, controller=controller, l2p=l2p, workers=workers,
                            first_folder=out / "runs" / setting.slug / policies[0].slug)

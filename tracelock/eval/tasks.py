@@ -191,5 +191,5 @@ def make_task(spec: str, seed: int = 0) -> Task:
         return QATask(arg)
     if name == "testbed" and arg:
         return TestbedTask(arg, seed=seed)
-    raise ValueError(f"--task {spec!r} is not a task spec; use gsm8k:PATH, humaneval[:PATH], "
+    raise ValueError(f"--tasks: {spec!r} is not a task spec; use gsm8k:PATH, humaneval[:PATH], "
                      "humaneval-with-tests[:PATH], qa:PATH, testbed:math or testbed:code (@validation for that split)")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 
 def _train_l2p(args):
@@ -13,7 +12,8 @@ def _train_l2p(args):
     from tracelock.l2p.data import block_examples
     from tracelock.l2p.train import fit_filter
     from tracelock.models import load_model
-    from tracelock.traces.store import iter_traces
+    from tracelock.progress import progress_bar
+    from tracelock.traces.store import iter_traces, load_index
 
     if args.input == "hidden" and not args.encoder:
         raise ValueError("--input hidden (L2P-Hidden) needs --encoder FOLDER (`tracelock fit-encoder --out`)")
@@ -21,12 +21,20 @@ def _train_l2p(args):
         raise ValueError("--encoder is only read with --input hidden (the L2P-Hidden diagnostic)")
     model = load_model(args.model, dtype=getattr(torch, args.model_dtype), device=args.device)
     encoder = load_encoder(args.encoder, model, device=args.device) if args.encoder else None
-    inputs, labels, groups = block_examples(model, iter_traces(args.traces), args.block, encoder=encoder,
-                                            batch_size=args.batch_size)
+    traces = progress_bar(iter_traces(args.traces), total=load_index(args.traces)["num_traces"], desc="replay",
+                          unit="trace")
+    inputs, labels, groups = block_examples(model, traces, args.block, encoder=encoder, batch_size=args.batch_size)
+    traces.close()
+    bar = progress_bar(total=args.epochs, desc="train-l2p", unit="epoch")
+
+    def log(line: str) -> None:
+        bar.update(max(1, args.epochs // 100))
+        bar.set_postfix_str(line.partition(": ")[2])
+
     filt = fit_filter(inputs, labels, groups, family=model.spec.family, eos_id=model.spec.eos_id,
                       backbone=backbone_fingerprint(model), hidden=args.hidden, epochs=args.epochs, lr=args.lr,
-                      val_fraction=args.val_fraction, seed=args.seed,
-                      log=lambda line: print(line, file=sys.stderr, flush=True))
+                      val_fraction=args.val_fraction, seed=args.seed, log=log)
+    bar.close()
     filt.config.train.update(traces=str(args.traces), positive_rate=float(labels.mean()))
     if encoder is not None:
         _save_encoder(encoder, args.out)
@@ -47,20 +55,24 @@ def _save_encoder(encoder, folder) -> None:
 
 
 def add_parsers(sub):
+    from tracelock.cli_common import add_model_dtype, positive_int
+
     p = sub.add_parser("train-l2p", help="train a Learn2PD filter (one block size) from a trace store")
     p.add_argument("--traces", required=True, help="trace store (`tracelock collect --block N --out`)")
     p.add_argument("--model", required=True, help="checkpoint folder of the backbone the traces were decoded with")
-    p.add_argument("--block", type=int, required=True, help="the filter's block size (the traces' block)")
+    p.add_argument("--block", type=positive_int, required=True, help="the filter's block size (the traces' block)")
     p.add_argument("--out", required=True, help="filters folder: writes block-N.json/.safetensors into it")
     p.add_argument("--input", choices=["confidence", "hidden"], default="confidence",
                    help="confidence: Learn2PD; hidden: the paper's L2P-Hidden diagnostic (needs --encoder)")
-    p.add_argument("--encoder", help="encoder folder of the hidden-state codes (`tracelock fit-encoder --out`)")
-    p.add_argument("--hidden", type=int, help="hidden width (default: the block size, upstream's ~2K parameters)")
-    p.add_argument("--epochs", type=int, default=40_000, help="full-batch AdamW steps (upstream: 40000)")
+    p.add_argument("--encoder", help="encoder folder of the hidden-state codes (`tracelock fit-encoder --out`; "
+                                     "default: none, required with --input hidden)")
+    p.add_argument("--hidden", type=positive_int,
+                   help="hidden width (default: the block size, upstream's ~2K parameters)")
+    p.add_argument("--epochs", type=positive_int, default=40_000, help="full-batch AdamW steps (upstream: 40000)")
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (upstream: 3e-3)")
     p.add_argument("--val-fraction", type=float, default=0.1, help="share of traces held out for the metrics")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=8, help="replayed steps per backbone forward")
-    p.add_argument("--model-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the split")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="replayed steps per backbone forward")
+    add_model_dtype(p, old=())
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.set_defaults(func=_train_l2p)

@@ -52,7 +52,7 @@ def fit_filter(inputs: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor,
         lr (float): AdamW learning rate. Default: 3e-3 (upstream).
         val_fraction (float): share of traces held out for the metrics. Default: 0.1.
         seed (int): initialisation and split seed. Default: 0.
-        log (callable, optional): called with a progress line now and then.
+        log (callable, optional): called with a progress line every hundredth of the epochs.
 
     Returns:
         L2PFilter: in eval mode, its ``config.train`` holding the settings and the validation metrics.
@@ -77,7 +77,7 @@ def fit_filter(inputs: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor,
         loss = loss_fn(filt(x), y)
         loss.backward()
         opt.step()
-        if log is not None and (epoch + 1) % max(1, epochs // 10) == 0:
+        if log is not None and (epoch + 1) % max(1, epochs // 100) == 0:
             log(f"epoch {epoch + 1}/{epochs}: train bce {loss.item():.4f}")
     threshold = DEFAULT_THRESHOLD.get(family, 0.9)
     filt.eval()

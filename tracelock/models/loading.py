@@ -16,23 +16,28 @@ _SUPPORTED_DTYPES = {
 }
 
 
-# names that load a model shipped inside the package
-BUNDLED = {"testbed": Path(__file__).resolve().parent.parent / "testbed" / "model"}
+_TESTBED = Path(__file__).resolve().parent.parent / "testbed"
+# names that load a model shipped inside the package: "testbed" is the LLaDA-family model
+BUNDLED = {"testbed": _TESTBED / "model", "testbed-llada": _TESTBED / "model",
+           "testbed-dream": _TESTBED / "model-dream"}
 
 
 def resolve_path(path) -> Path:
-    """A checkpoint folder, or the folder of a bundled model name ("testbed")."""
+    """A checkpoint folder, or the folder of a bundled model name ("testbed" = "testbed-llada", "testbed-dream")."""
     folder = Path(path)
     if not folder.exists() and str(path) in BUNDLED:
         folder = BUNDLED[str(path)]
         if not (folder / "config.json").exists():
+            family = "dream" if str(path) == "testbed-dream" else "llada"
             raise CheckpointError(f"the bundled {path!r} model is missing from this install ({folder}); "
-                                  f"train it with `tracelock testbed-train --out DIR` and load DIR")
+                                  f"train it with `tracelock testbed-train --family {family} --out DIR` and load DIR")
     return folder
 
 
 def check_dtype(dtype, device) -> None:
-    device = torch.device(device)
+    from tracelock.checks import check_device
+
+    device = check_device(device)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.bfloat16, got {dtype!r}")
     allowed = _SUPPORTED_DTYPES.get(device.type)

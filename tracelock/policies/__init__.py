@@ -58,11 +58,43 @@ def make_policy(spec: str | Policy, **kwargs) -> Policy:
     if not isinstance(spec, str) or spec not in POLICIES:
         raise ValueError(f"unknown policy {spec!r}; known policies: {', '.join(sorted(POLICIES))}")
     cls = POLICIES[spec]
-    accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-    unknown = sorted(set(kwargs) - set(accepted))
+    params = {n: p for n, p in inspect.signature(cls.__init__).parameters.items() if n != "self"}
+    unknown = sorted(set(kwargs) - set(params))
     if unknown:
         raise TypeError(
             f"policy {spec!r} takes no argument {', '.join(unknown)}; "
-            f"its arguments are: {', '.join(accepted) or '(none)'}"
+            f"its arguments are: {', '.join(params) or '(none)'}"
         )
+    missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty and n not in kwargs]
+    if missing:
+        what = ", ".join(f"{n} ({_REQUIRED_HINTS[n]})" if n in _REQUIRED_HINTS else n for n in missing)
+        example = ", ".join(f"{n!r}: ..." for n in missing)
+        raise TypeError(f"policy {spec!r} needs {what}: pass policy_args={{{example}}} "
+                        f"(on the command line: {spec}:{missing[0]}=...)")
+    for name, value in kwargs.items():
+        _check_kind(spec, name, value, params[name])
     return cls(**kwargs)
+
+
+# what a required policy argument is, for the error that asks for it
+_REQUIRED_HINTS = {"controller": "a `tracelock train --out` folder",
+                   "filters": "a `tracelock train-l2p --out` folder"}
+
+
+def _check_kind(policy: str, name: str, value, param: inspect.Parameter) -> None:
+    """A number where the signature declares a number, a bool where it declares a bool: a typo such as ``tau=abc``
+    is reported as what it is, not as a value out of range."""
+    ann = "" if param.annotation is inspect.Parameter.empty else str(param.annotation)
+    kinds = {k for k in ("bool", "int", "float") if k in ann.replace("None", "")}
+    if value is None and "None" in ann or not kinds or "str" in ann:
+        return
+    default = "" if param.default in (inspect.Parameter.empty, None) else f", e.g. {name}={param.default}"
+    if kinds == {"bool"}:
+        if not isinstance(value, bool):
+            raise TypeError(f"policy {policy!r}: {name}={value!r} must be a bool, true or false{default}")
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        what = "an int" if kinds == {"int"} else "a number"
+        raise TypeError(f"policy {policy!r}: {name}={value!r} is not {what}; pass {what}{default}")
+    if kinds == {"int"} and not isinstance(value, int):
+        raise TypeError(f"policy {policy!r}: {name}={value!r} is not an int; pass a whole number{default}")

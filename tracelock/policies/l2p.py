@@ -98,13 +98,14 @@ class L2PPolicy(Policy):
                              "retrain them with `tracelock train-l2p` or pass eotp=False")
 
     def _check_backbone(self, model) -> None:
-        from tracelock.features import backbone_fingerprint
+        from tracelock.features import backbone_fingerprint, backbone_mismatch
 
         got = backbone_fingerprint(model)
         for block, f in self._filters.items():
-            if f.config.backbone and f.config.backbone != got:
-                raise ValueError(f"the block-{block} filter was trained on backbone {f.config.backbone} but the model "
-                                 f"is {got}; train filters for this backbone with `tracelock train-l2p`")
+            why = backbone_mismatch(f.config.backbone, got) if f.config.backbone else None
+            if why is not None:
+                raise ValueError(f"the block-{block} filter was trained on {why}; train filters for this backbone "
+                                 "with `tracelock train-l2p`")
 
     def setup(self, *, gen_length: int, num_regions: int) -> None:
         super().setup(gen_length=gen_length, num_regions=num_regions)

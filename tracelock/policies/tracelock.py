@@ -39,6 +39,9 @@ def _load(controller, encoder, model):
 
     folder = None
     if isinstance(controller, str | Path):
+        if not Path(controller).exists():
+            raise FileNotFoundError(f"controller={str(controller)!r} does not exist; pass a `tracelock train --out` "
+                                    "folder (or its best.safetensors)")
         folder = Path(controller) if Path(controller).is_dir() else Path(controller).parent
         if encoder is None:
             encoder = folder

@@ -16,17 +16,16 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from tracelock.atomic import atomic_write, atomic_write_text
-from tracelock.rl.objective import group_advantages, rl_loss
-from tracelock.train.state import load_training_tensors, training_tensors
 
 __all__ = ["reward_curve_png", "rl_train"]
 
 
 def _save(out: Path, step: int, controller, opt, history: list, settings: dict) -> None:
     from safetensors.torch import save_file
+
+    from tracelock.train.state import training_tensors
 
     tensors = training_tensors(controller, opt)
     atomic_write(out / "state.safetensors", lambda tmp: save_file(tensors, tmp))
@@ -39,6 +38,8 @@ def _save(out: Path, step: int, controller, opt, history: list, settings: dict) 
 
 def _load(out: Path, controller, opt, settings: dict) -> tuple[int, list]:
     from safetensors.torch import load_file
+
+    from tracelock.train.state import load_training_tensors
 
     state = json.loads((out / "state.json").read_text())
     changed = [k for k in settings if k != "steps" and state["settings"].get(k) != settings[k]]
@@ -88,10 +89,14 @@ def rl_train(model_path, controller, prompts: str, out, *, reward, num=None, ste
         eta, eps (float): the sampling rule (`rescaled_probs`). beta (float): entropy bonus. Default: 0.01.
         lr, clip: AdamW learning rate and gradient-norm clip.
     """
+    # torch and the package's training code load here, not at import: the CLI imports this module for its parser
+    import torch
+
     from tracelock.eval.tasks import EvalItem
     from tracelock.features import load_encoder
     from tracelock.generate import fused_generate
     from tracelock.models import load_model, load_tokenizer
+    from tracelock.rl.objective import group_advantages, rl_loss
     from tracelock.rl.policy import SampledTraceLockPolicy
     from tracelock.text import decode_answer, encode_prompt
     from tracelock.traces.collect import load_items
@@ -137,8 +142,7 @@ def rl_train(model_path, controller, prompts: str, out, *, reward, num=None, ste
         history.append(dict(step=step + 1, reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
                             loss=loss.item(), entropy=entropy.mean().item(), avg_steps=float(np.mean(stats.steps))))
         if progress:
-            progress(f"step {step + 1}/{steps}: reward {rewards.mean():.3f}, loss {loss.item():.4f}, "
-                     f"steps {np.mean(stats.steps):.1f}")
+            progress(step + 1, f"reward {rewards.mean():.3f}, loss {loss.item():.4f}, steps {np.mean(stats.steps):.1f}")
         if (step + 1) % save_every == 0 or step + 1 == steps:
             _save(out, step + 1, net, opt, history, settings)
     policy.records.clear()
@@ -164,36 +168,47 @@ def make_reward(spec: str, prompts: str, group_size: int, code_penalty: bool, wo
 
 
 def _rl(args):
-    import sys
+    from tracelock.progress import progress_bar
 
     reward = make_reward(args.reward, args.prompts, args.group_size, args.code_penalty, device=args.device)
-    out = rl_train(args.model, args.controller, args.prompts, args.out, reward=reward, num=args.num, steps=args.steps,
+    bar = progress_bar(total=args.steps, desc="rl", unit="step")
+
+    def on_step(step: int, line: str) -> None:
+        bar.n = step
+        bar.set_postfix_str(line)
+
+    out = rl_train(args.model, args.controller, args.prompts, args.out, reward=reward, num=args.limit, steps=args.steps,
                    group_size=args.group_size, prompts_per_step=args.prompts_per_step, eta=args.eta, eps=args.eps,
                    beta=args.beta, lr=args.lr, gen_length=args.gen_length, window=args.window, seed=args.seed,
                    save_every=args.save_every, device=args.device,
-                   progress=lambda line: print(line, file=sys.stderr, flush=True))
+                   progress=on_step)
+    bar.close()
     print(f"RL controller in {out / 'best.safetensors'}; reward curve in {out / 'reward_curve.png'}")
 
 
 def add_parsers(sub):
+    from tracelock.cli_common import add_limit, positive_int
+
     p = sub.add_parser("rl", help="refine a controller with group-relative policy gradients (resumable)")
     p.add_argument("--model", required=True, help='checkpoint folder, or "testbed"')
     p.add_argument("--controller", required=True, help="the supervised (or self-trained) controller run folder")
-    p.add_argument("--prompts", required=True, help="training prompts: testbed:TASK or a JSONL file")
-    p.add_argument("--num", type=int, help="items per testbed task (required there)")
+    p.add_argument("--prompts", required=True, help="training prompts: one testbed task (testbed:math) or a JSONL "
+                                                    "file, as `tracelock collect --prompts`")
+    add_limit(p, help="items per testbed task (required there); the first N lines of a JSONL (default: all)",
+              old=("--num",))
     p.add_argument("--out", required=True, help="run folder (re-running with the same arguments resumes)")
     p.add_argument("--reward", default="task", help="task (the testbed checker) or model:PATH (a reward model)")
     p.add_argument("--code-penalty", action="store_true", help="the paper's syntax/runtime penalties for code")
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--group-size", type=int, default=4, help="rollouts per prompt, G")
-    p.add_argument("--prompts-per-step", type=int, default=4)
+    p.add_argument("--steps", type=positive_int, default=100, help="RL steps")
+    p.add_argument("--group-size", type=positive_int, default=4, help="rollouts per prompt, G (at least 2)")
+    p.add_argument("--prompts-per-step", type=positive_int, default=4, help="prompts drawn per step")
     p.add_argument("--eta", type=float, default=0.5, help="sample threshold on sigmoid(m)")
     p.add_argument("--eps", type=float, default=0.05, help="clip of the rescaled probabilities")
     p.add_argument("--beta", type=float, default=0.01, help="entropy bonus")
-    p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--gen-length", type=int, default=64)
-    p.add_argument("--window", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--save-every", type=int, default=10)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate")
+    p.add_argument("--gen-length", type=positive_int, default=64, help="tokens generated per rollout")
+    p.add_argument("--window", type=positive_int, default=16, help="the controller's soft-crop window")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt draws and the sampled commits")
+    p.add_argument("--save-every", type=positive_int, default=10, help="steps between resumable checkpoints")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.set_defaults(func=_rl)

@@ -13,17 +13,23 @@ import dataclasses
 import time
 from pathlib import Path
 
-import torch
-from tqdm import tqdm
-
 from tracelock.atomic import atomic_write_json
-from tracelock.testbed.tasks import held_out
-from tracelock.testbed.train import Batches, TrainConfig, _build, _lr, ar_loss, make_optimizer
-from tracelock.text import encode_prompt
+from tracelock.testbed.train_config import TrainConfig
+
+
+def _torch():
+    # torch loads with the command, not at import: the CLI imports this module for its parser
+    import torch
+
+    return torch
 
 
 def train_ar(cfg: TrainConfig, progress: bool = True):
     """A fresh backbone trained for ``cfg.steps`` next-token steps; returns (model, tokenizer, seconds)."""
+    from tracelock.progress import progress_bar
+    from tracelock.testbed.train import Batches, _build, _lr, ar_loss, make_optimizer
+
+    torch = _torch()
     out = Path(cfg.out)
     if (out / "config.json").exists():
         raise FileExistsError(f"{out} already holds a run; choose another --out")
@@ -34,7 +40,7 @@ def train_ar(cfg: TrainConfig, progress: bool = True):
     opt = make_optimizer(cfg, model)
     batches = Batches(cfg, tok, model.spec)
     start = time.perf_counter()
-    for step in tqdm(range(cfg.steps), disable=not progress, unit="step"):
+    for step in progress_bar(range(cfg.steps), desc="AR training", unit="step", disable=not progress):
         x, region, _ = batches(step)
         for group in opt.param_groups:
             group["lr"] = _lr(cfg, step)
@@ -46,16 +52,19 @@ def train_ar(cfg: TrainConfig, progress: bool = True):
     return model.eval(), tok, time.perf_counter() - start
 
 
-@torch.no_grad()
 def greedy_completion(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
     """Greedy causal decoding of one prompt until an end token (no KV cache: a few dozen tokens)."""
+    from tracelock.text import encode_prompt
+
+    torch = _torch()
     ids = encode_prompt(tokenizer, prompt)
     start = len(ids)
-    for _ in range(max_new_tokens):
-        token = int(model(torch.tensor([ids]), causal=True).logits[0, -1].argmax())
-        if token in model.spec.end_ids:
-            break
-        ids.append(token)
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            token = int(model(torch.tensor([ids]), causal=True).logits[0, -1].argmax())
+            if token in model.spec.end_ids:
+                break
+            ids.append(token)
     return tokenizer.decode(ids[start:])
 
 
@@ -63,6 +72,7 @@ def calibrate(cfg: TrainConfig, n: int, split: str = "validation", max_new_token
               progress: bool = True) -> dict:
     """Train (see `train_ar`) and score ``n`` held-out items per task; returns the result dict."""
     from tracelock.testbed.evaluate import score_items
+    from tracelock.testbed.tasks import held_out
 
     model, tok, seconds = train_ar(cfg, progress)
     tasks = {}
@@ -78,7 +88,7 @@ def calibrate(cfg: TrainConfig, n: int, split: str = "validation", max_new_token
 def _run(args):
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
-    result = calibrate(cfg, args.n, args.split)
+    result = calibrate(cfg, args.limit, args.split)
     atomic_write_json(Path(cfg.out) / "ar_calibration.json", result)
     for task, r in result["tasks"].items():
         print(f"{task}: {r['accuracy']:.1%} of {r['n']} {args.split} items (greedy, autoregressive)")
@@ -86,11 +96,13 @@ def _run(args):
 
 
 def add_parsers(sub):
+    from tracelock.cli_common import add_limit
+
     p = sub.add_parser("testbed-ar-calibration",
                        help="train the testbed backbone autoregressively and score it (a yardstick for testbed-train)")
     p.add_argument("--out", required=True, help="new run folder (tokenizer, config, ar_calibration.json)")
-    p.add_argument("--n", type=int, default=40, help="held-out items per task")
-    p.add_argument("--split", choices=["validation", "test"], default="validation")
+    add_limit(p, default=40, help="held-out items per task", old=("--n",))
+    p.add_argument("--split", choices=["validation", "test"], default="validation", help="split of the scored items")
     defaults = TrainConfig(out="")
     for name in ("seed", "steps", "batch_size", "d_model", "n_layers", "n_heads", "mlp", "threads", "vocab_size",
                  "tokenizer_corpus", "warmup"):

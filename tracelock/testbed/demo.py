@@ -1,14 +1,15 @@
 """`tracelock demo`: the bundled testbed model, held-out items, every heuristic baseline, one table each."""
 
 import json
-import sys
 import time
 from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
 from tracelock.atomic import atomic_write, atomic_write_json
+from tracelock.cli_common import POLICY_NAMES, parse_policy_spec, testbed_task_names, warn_deprecated
 from tracelock.models import load_model, load_tokenizer
+from tracelock.progress import progress_bar, status
 from tracelock.testbed.evaluate import (
     baseline_policies,
     demo_policies,
@@ -20,10 +21,6 @@ from tracelock.testbed.evaluate import (
 from tracelock.testbed.tasks import held_out
 
 
-def _say(what: str) -> None:
-    print(f"  {what}", file=sys.stderr, flush=True)
-
-
 def _demo_controller(args):
     """The controller of the TraceLock row: ``--controller``, or the one the method pipeline trains in ``--work``."""
     if args.controller:
@@ -31,7 +28,7 @@ def _demo_controller(args):
     from tracelock.testbed.demo_method import train_demo_controller
 
     t0 = time.perf_counter()
-    run = train_demo_controller(args.model, args.work, say=_say)
+    run = train_demo_controller(args.model, args.work, say=status)
     print(f"controller ready in {run} ({time.perf_counter() - t0:.0f} s: collect, fit-encoder, featurize, train)\n")
     return run
 
@@ -43,19 +40,21 @@ def run_demo(args) -> int:
     block = args.block if args.block or args.window else 16
     width = args.window or block
     setting = f"gen {args.gen_length}, " + (f"window {args.window}" if args.window else f"block {block}")
-    for task in [t.strip() for t in args.tasks.split(",") if t.strip()]:
-        items = held_out(task, "test", args.n, seed=args.seed)
+    for task in testbed_task_names(args.tasks):
+        items = held_out(task, "test", args.limit, seed=args.seed)
+        policies = demo_policies(args.gen_length, model.spec.family)
+        # every row decodes every item: the baselines, the oracle and, if asked, TraceLock
+        bar = progress_bar(total=len(items) * (len(policies) + 1 + (controller is not None)), desc=task)
         rows = evaluate_policies(model, tokenizer, items, gen_length=args.gen_length,
-                                 block=None if args.window else block, window=args.window,
-                                 policies=demo_policies(args.gen_length),
-                                 batch_size=args.batch_size,
-                                 progress=lambda label, task=task: _say(f"{task}: {label}"))
+                                 block=None if args.window else block, window=args.window, policies=policies,
+                                 batch_size=args.batch_size, progress=bar.set_postfix_str, on_batch=bar.update)
         if controller is not None:
             # TraceLock in its own soft-crop window of the same width (the paper's protocol)
-            _say(f"{task}: tracelock")
+            bar.set_postfix_str("tracelock")
             rows.append(evaluate_policy(model, tokenizer, items, f"TraceLock (window {width})", "tracelock",
                                         {"controller": str(controller)}, gen_length=args.gen_length, window=width,
-                                        batch_size=args.batch_size))
+                                        batch_size=args.batch_size, on_batch=bar.update))
+        bar.close()
         print(format_table(task, setting, [r.summary() for r in rows]) + "\n")
         best = rows[0]
         print(f"sample ({best.label}):\n{items[0].prompt}\n---\n{best.completions[0]}\n")
@@ -63,17 +62,38 @@ def run_demo(args) -> int:
     return 0
 
 
-def _chosen_policies(policies: list, labels) -> list:
-    """The rows named in ``labels`` (comma-separated; None: all), in table order; the first row, the reference the
-    oracle replays, is always kept."""
-    if not labels:
+def _spec(name: str, args: dict) -> str:
+    """A table row as a policy spec: ("threshold", {"tau": 0.9}) -> "threshold:tau=0.9"."""
+    return name + "".join(f":{k}={v}" for k, v in args.items())
+
+
+def _chosen_policies(policies: list, wanted) -> list:
+    """The rows ``wanted`` names (comma-separated policy specs such as ``threshold:tau=0.9``, or, deprecated, the
+    rows' labels such as "threshold 0.9"; None: all), in table order; a spec that is no row of this setting's table
+    becomes a row of its own, labelled by its spec, after them. The first row, the reference the oracle replays,
+    is always kept."""
+    if not wanted:
         return policies
-    wanted = {label.strip() for label in labels.split(",") if label.strip()}
-    unknown = wanted - {label for label, _, _ in policies}
-    if unknown:
-        raise ValueError(f"--policies: unknown rows {sorted(unknown)}; choose from "
-                         f"{', '.join(repr(label) for label, _, _ in policies)}")
-    return [row for i, row in enumerate(policies) if i == 0 or row[0] in wanted]
+    labels = {label for label, _, _ in policies}
+    chosen, extra = set(), []
+    for token in (t.strip() for t in wanted.split(",")):
+        if not token:
+            continue
+        if token in labels:
+            name, args = next((n, a) for label, n, a in policies if label == token)
+            warn_deprecated("tracelock testbed-eval", f"--policies {token!r}", f"--policies {_spec(name, args)}")
+            chosen.add(token)
+            continue
+        name, args = parse_policy_spec(token)
+        if name not in POLICY_NAMES:
+            raise ValueError(f"--policies: {token!r} is neither a policy spec (names: {', '.join(POLICY_NAMES)}) nor "
+                             f"a row of the table ({', '.join(repr(label) for label in labels)})")
+        match = next((label for label, n, a in policies if (n, a) == (name, args)), None)
+        if match is not None:
+            chosen.add(match)
+        elif token not in {label for label, _, _ in extra}:
+            extra.append((token, name, args))
+    return [row for i, row in enumerate(policies) if i == 0 or row[0] in chosen] + extra
 
 
 def run_eval(args) -> int:
@@ -87,24 +107,26 @@ def run_eval(args) -> int:
     canvas_file = out.with_name(out.name + ".canvas.safetensors")
     results = json.loads(out.read_text()) if out.exists() else {}
     canvases = load_file(str(canvas_file)) if canvas_file.exists() else {}
-    for task in [t.strip() for t in args.tasks.split(",") if t.strip()]:
-        items = held_out(task, "test", args.n, seed=args.seed)
+    for task in testbed_task_names(args.tasks):
+        items = held_out(task, "test", args.limit, seed=args.seed)
         for setting in args.settings.split(","):
-            gen_length, width = (int(v) for v in setting.split("/"))
+            gen_length, width = _setting(setting)
             key = f"{task} gen{gen_length} {args.schedule}{width}"
             settings = dict(gen_length=gen_length, batch_size=args.batch_size, workers=args.workers,
                             **{args.schedule: width})
             rows = results.setdefault(key, [])
             if any(r["n"] != len(items) for r in rows):
-                raise ValueError(f"{out} holds {key!r} measured on {rows[0]['n']} items; pass --n {rows[0]['n']} "
-                                 f"to resume it, or another --out for {len(items)} items")
+                raise ValueError(f"{out} holds {key!r} measured on {rows[0]['n']} items; pass --limit "
+                                 f"{rows[0]['n']} to resume it, or another --out for {len(items)} items")
             done = {r["policy"] for r in rows}
-            policies = _chosen_policies(baseline_policies(gen_length), args.policies)
+            policies = _chosen_policies(baseline_policies(gen_length, model.spec.family), args.policies)
             for label, name, policy_args in policies:
                 if label in done:
                     continue
-                print(f"  {key}: {label}", file=sys.stderr, flush=True)
-                r = evaluate_policy(model, tokenizer, items, label, name, policy_args, **settings)
+                status(f"{key}: {label}")
+                with progress_bar(total=len(items), desc=key) as bar:
+                    r = evaluate_policy(model, tokenizer, items, label, name, policy_args, on_batch=bar.update,
+                                        **settings)
                 rows.append(r.summary())
                 if label == policies[0][0]:
                     canvases[key] = r.canvas.cpu().contiguous()
@@ -112,9 +134,19 @@ def run_eval(args) -> int:
                 atomic_write_json(out, results)
             reference_label = policies[0][0]
             if f"oracle (of {reference_label})" not in done:
-                print(f"  {key}: oracle", file=sys.stderr, flush=True)
-                oracle = evaluate_oracle(model, tokenizer, items, reference_label, canvases[key], **settings)
+                status(f"{key}: oracle")
+                with progress_bar(total=len(items), desc=key) as bar:
+                    oracle = evaluate_oracle(model, tokenizer, items, reference_label, canvases[key],
+                                             on_batch=bar.update, **settings)
                 rows.append(oracle.summary())
                 atomic_write_json(out, results)
             print(format_table(task, f"gen {gen_length}, {args.schedule} {width}", rows) + "\n", flush=True)
     return 0
+
+
+def _setting(text: str) -> tuple[int, int]:
+    """"64/16" -> (64, 16)."""
+    gen, sep, width = text.strip().partition("/")
+    if not (sep and gen.isdigit() and width.isdigit() and int(gen) > 0 and int(width) > 0):
+        raise ValueError(f"--settings: {text!r} must look like GEN/WIDTH, e.g. 64/16")
+    return int(gen), int(width)

@@ -35,10 +35,11 @@ def train_demo_controller(model_path, work, config: DemoMethodConfig = DemoMetho
     """Run (or finish) the pipeline in ``work``; returns the controller folder (``work/controller``)."""
     from tracelock.features import fit_encoder, load_encoder
     from tracelock.models import load_model
+    from tracelock.progress import progress_bar
     from tracelock.traces.cache import featurize
     from tracelock.traces.collect import collect
     from tracelock.traces.filters import FilterConfig
-    from tracelock.traces.store import iter_traces
+    from tracelock.traces.store import iter_traces, load_index
     from tracelock.train.controller import TrainConfig, train
 
     work = Path(work)
@@ -58,7 +59,9 @@ def train_demo_controller(model_path, work, config: DemoMethodConfig = DemoMetho
         say("fit the encoder (PCA on replayed hidden states)")
         fit_encoder(model, iter_traces(traces), max_positions=config.max_positions, seed=config.seed).save(encoder_dir)
     say("featurize the traces")
-    featurize(model, load_encoder(encoder_dir, model), iter_traces(traces), cache)
+    featurize(model, load_encoder(encoder_dir, model),
+              progress_bar(iter_traces(traces), total=load_index(traces)["num_traces"], desc="featurize", unit="trace"),
+              cache)
     say(f"train the controller ({config.steps} steps)")
     train(TrainConfig(cache=str(cache), out=str(run), steps=config.steps, batch_size=config.batch_size,
                       eval_every=max(1, config.steps // 2), encoder=str(encoder_dir), device=device),

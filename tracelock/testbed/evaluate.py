@@ -16,12 +16,26 @@ from tracelock.testbed.tasks import code_program, score
 from tracelock.text import decode_answer, encode_prompt
 
 
-def baseline_policies(gen_length: int) -> list:
-    """(label, policy name, policy args): the heuristic rows of the quality-vs-steps table."""
-    return [
-        ("confidence 1/step", "confidence", {}),
-        ("confidence 2/step", "confidence", {"steps": gen_length // 2}),
-        ("confidence 4/step", "confidence", {"steps": gen_length // 4}),
+def reference_rule(family: str) -> str:
+    """The family's own one-token-per-step rule, the quality reference of its tables: LLaDA's low-confidence
+    remasking, Dream's README rule (``entropy``)."""
+    return "entropy" if family == "dream" else "confidence"
+
+
+def baseline_policies(gen_length: int, family: str = "llada") -> list:
+    """(label, policy name, policy args): the heuristic rows of the quality-vs-steps table; the first row is the
+    family's reference rule at one token per step (the oracle replays it). A Dream model adds Dream's other rules
+    and Fast-dLLM's Dream variant of the threshold rule."""
+    ref = reference_rule(family)
+    rows = [
+        (f"{ref} 1/step", ref, {}),
+        (f"{ref} 2/step", ref, {"steps": gen_length // 2}),
+        (f"{ref} 4/step", ref, {"steps": gen_length // 4}),
+    ]
+    if family == "dream":
+        rows += [("maskgit_plus 1/step", "maskgit_plus", {}), ("topk_margin 1/step", "topk_margin", {}),
+                 ("threshold 0.9 (Dream variant)", "threshold", {"tau": 0.9, "first_token": True})]
+    return rows + [
         ("threshold 0.9", "threshold", {"tau": 0.9}),
         ("threshold 0.7", "threshold", {"tau": 0.7}),
         ("threshold 0.5", "threshold", {"tau": 0.5}),
@@ -29,10 +43,12 @@ def baseline_policies(gen_length: int) -> list:
     ]
 
 
-def demo_policies(gen_length: int) -> list:
+def demo_policies(gen_length: int, family: str = "llada") -> list:
     """The rows `tracelock demo` can afford in about two minutes on a 2-core CPU."""
-    keep = {"confidence 1/step", "confidence 4/step", "threshold 0.9", "threshold 0.5", "random 1/step"}
-    return [row for row in baseline_policies(gen_length) if row[0] in keep]
+    ref = reference_rule(family)
+    keep = {f"{ref} 1/step", f"{ref} 4/step", "threshold 0.9", "threshold 0.5", "random 1/step",
+            "maskgit_plus 1/step", "topk_margin 1/step", "threshold 0.9 (Dream variant)"}
+    return [row for row in baseline_policies(gen_length, family) if row[0] in keep]
 
 
 @dataclass
@@ -52,8 +68,9 @@ class PolicyResult:
 
 
 def decode(model, tokenizer, items, *, policy, policy_args=None, gen_length, block=None, window=None,
-           batch_size=64, seed=0):
-    """Completions, per-item steps, seconds, and the final canvases [N, P + gen_length] (one layout)."""
+           batch_size=64, seed=0, on_batch=None):
+    """Completions, per-item steps, seconds, and the final canvases [N, P + gen_length] (one layout);
+    ``on_batch(n)``, when given, is called after each batch of ``n`` items (a progress bar's update)."""
     prompts = [encode_prompt(tokenizer, ex.prompt) for ex in items]
     # one left-padded layout for all items, so a reference canvas lines up with any later run's rows
     P = max(map(len, prompts))
@@ -71,6 +88,8 @@ def decode(model, tokenizer, items, *, policy, policy_args=None, gen_length, blo
         canvases.append(tokens)
         steps += stats.steps
         seconds += stats.seconds
+        if on_batch:
+            on_batch(tokens.shape[0])
     canvas = torch.cat(canvases)
     completions = [decode_answer(tokenizer, row[P:].tolist(), model.spec.end_ids) for row in canvas]
     return completions, steps, seconds, canvas
@@ -87,12 +106,12 @@ def score_items(items, completions, workers: int = 2) -> list:
 
 
 def evaluate_policy(model, tokenizer, items, label, policy, policy_args=None, *, gen_length, block=None,
-                    window=None, batch_size=64, workers=2) -> PolicyResult:
+                    window=None, batch_size=64, workers=2, on_batch=None) -> PolicyResult:
     """Decode and score ``items`` with one policy (a name with ``policy_args``, or a per-batch factory);
-    ``workers`` sandbox processes run the code answers' tests."""
+    ``workers`` sandbox processes run the code answers' tests; ``on_batch`` as in `decode`."""
     completions, steps, seconds, canvas = decode(model, tokenizer, items, policy=policy, policy_args=policy_args,
                                                  gen_length=gen_length, block=block, window=window,
-                                                 batch_size=batch_size)
+                                                 batch_size=batch_size, on_batch=on_batch)
     correct = score_items(items, completions, workers=workers)
     return PolicyResult(label, sum(correct) / len(items), sum(steps) / len(items), seconds / len(items), correct,
                         completions, canvas)
@@ -105,11 +124,12 @@ def evaluate_oracle(model, tokenizer, items, reference_label: str, reference_can
 
 
 def evaluate_policies(model, tokenizer, items, *, gen_length, block=None, window=None, policies=None,
-                      oracle=True, batch_size=64, progress=None) -> list:
-    """One `PolicyResult` per policy, plus the oracle of the first row (confidence 1/step) when asked."""
-    settings = dict(gen_length=gen_length, block=block, window=window, batch_size=batch_size)
+                      oracle=True, batch_size=64, progress=None, on_batch=None) -> list:
+    """One `PolicyResult` per policy, plus the oracle of the first row (the family's reference rule) when asked;
+    ``progress(label)`` before each row, ``on_batch`` as in `decode`."""
+    settings = dict(gen_length=gen_length, block=block, window=window, batch_size=batch_size, on_batch=on_batch)
     rows = []
-    for label, name, args in policies or baseline_policies(gen_length):
+    for label, name, args in policies or baseline_policies(gen_length, model.spec.family):
         if progress:
             progress(label)
         rows.append(evaluate_policy(model, tokenizer, items, label, name, args, **settings))

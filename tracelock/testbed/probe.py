@@ -13,12 +13,11 @@ how often the training masks ask for that (`compute_case_share`).
 import json
 from pathlib import Path
 
-import torch
-
 from tracelock.atomic import atomic_write_json
 from tracelock.testbed.math_task import NAMES, OBJECTS
-from tracelock.testbed.tasks import held_out
 from tracelock.text import encode_prompt
+
+# torch is imported in the functions: the CLI imports this module to build its parser, which must stay light
 
 CLASSES = ("object", "name", "result", "operand", "other")
 
@@ -39,13 +38,16 @@ def token_classes(pieces: list[str]) -> list[str]:
     return out
 
 
-@torch.no_grad()
 def single_mask_accuracy(model, tokenizer, items, gen_length: int = 64) -> dict:
     """{class: (correct, total)} over every answer token of ``items``, each masked alone, in a generation
     region of ``gen_length`` (the answer, <|eot_id|>, then eos as decoding ends up with)."""
+    import torch
+
+    from tracelock.progress import progress_bar
+
     spec = model.spec
     counts = {c: [0, 0] for c in CLASSES}
-    for ex in items:
+    for ex in progress_bar(items, desc="single-mask probe", unit="item"):
         prompt = encode_prompt(tokenizer, ex.prompt)
         answer = tokenizer(ex.answer, add_special_tokens=False)["input_ids"]
         tail = [spec.eot_id] + [spec.eos_id] * max(0, gen_length - len(answer) - 1)
@@ -53,7 +55,8 @@ def single_mask_accuracy(model, tokenizer, items, gen_length: int = 64) -> dict:
         rows = row.repeat(len(answer), 1)
         positions = torch.arange(len(answer)) + len(prompt)
         rows[torch.arange(len(answer)), positions] = spec.mask_id
-        logits = model.predict(rows, positions[:, None]).logits[:, 0]
+        with torch.no_grad():
+            logits = model.predict(rows, positions[:, None]).logits[:, 0]
         hits = (logits.argmax(-1) == torch.tensor(answer)).tolist()
         for cls, hit in zip(token_classes([tokenizer.decode([t]).strip() for t in answer]), hits):
             counts[cls][0] += hit
@@ -61,7 +64,6 @@ def single_mask_accuracy(model, tokenizer, items, gen_length: int = 64) -> dict:
     return {c: tuple(v) for c, v in counts.items()}
 
 
-@torch.no_grad()
 def left_context_result_accuracy(model, tokenizer, items, gen_length: int = 64) -> tuple:
     """(correct, total) over the equation results of ``items`` (the number after "="), each predicted with the
     answer before it visible and everything from it on masked.
@@ -70,6 +72,8 @@ def left_context_result_accuracy(model, tokenizer, items, gen_length: int = 64) 
     answer visible, as in `single_mask_accuracy`, a result can be copied from where it appears later (the next
     equation's operand, "#### N"); here it has to be computed from the operands.
     """
+    import torch
+
     spec = model.spec
     correct = total = 0
     for ex in items:
@@ -80,7 +84,8 @@ def left_context_result_accuracy(model, tokenizer, items, gen_length: int = 64) 
         if not results:
             continue
         rows = torch.tensor([prompt + answer[:k] + [spec.mask_id] * (gen_length - k) for k in results])
-        logits = model.predict(rows, torch.tensor(results)[:, None] + len(prompt)).logits[:, 0]
+        with torch.no_grad():
+            logits = model.predict(rows, torch.tensor(results)[:, None] + len(prompt)).logits[:, 0]
         correct += int((logits.argmax(-1) == torch.tensor([answer[k] for k in results])).sum())
         total += len(results)
     return correct, total
@@ -117,6 +122,8 @@ def compute_case_share(tokenizer, spec, block_fraction: float, steps: int = 60, 
 
 def object_embedding_cosine(model, tokenizer) -> dict:
     """Mean pairwise cosine of the object words' input embeddings and LM-head rows."""
+    import torch
+
     ids = [tokenizer(" " + w, add_special_tokens=False)["input_ids"][0] for w in OBJECTS]
     off = ~torch.eye(len(ids), dtype=torch.bool)
     out = {}
@@ -128,12 +135,13 @@ def object_embedding_cosine(model, tokenizer) -> dict:
 
 def _run(args):
     import tracelock
+    from tracelock.testbed.tasks import held_out
 
     model, tok = tracelock.load_model(args.model), tracelock.load_tokenizer(args.model)
-    items = held_out("math", args.split, args.n)
+    items = held_out("math", args.split, args.limit)
     counts = single_mask_accuracy(model, tok, items)
     k, n = left_context_result_accuracy(model, tok, items)
-    result = {"model": str(args.model), "items": args.n, "split": args.split,
+    result = {"model": str(args.model), "items": args.limit, "split": args.split,
               "single_mask_accuracy": {c: round(k / n, 3) if n else None for c, (k, n) in counts.items()},
               "tokens": {c: n for c, (_, n) in counts.items()},
               "result_left_context_accuracy": round(k / n, 3) if n else None, "results": n,
@@ -145,10 +153,12 @@ def _run(args):
 
 
 def add_parsers(sub):
+    from tracelock.cli_common import add_limit
+
     p = sub.add_parser("testbed-probe", help="per-token-class accuracy of a testbed model with one answer token "
-                                             "masked (which skills it lacks)")
+                                             "masked (which skills it lacks); JSON on stdout")
     p.add_argument("--model", default="testbed", help="checkpoint folder (default: the bundled testbed model)")
-    p.add_argument("--n", type=int, default=60, help="held-out math items")
-    p.add_argument("--split", choices=["validation", "test"], default="test")
-    p.add_argument("--out", help="also write the JSON here")
+    add_limit(p, default=60, help="held-out math items", old=("--n",))
+    p.add_argument("--split", choices=["validation", "test"], default="test", help="split of the items")
+    p.add_argument("--out", help="also write the JSON here (default: stdout only)")
     p.set_defaults(func=_run)

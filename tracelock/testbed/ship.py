@@ -16,6 +16,7 @@ from tracelock.atomic import atomic_write, atomic_write_json
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "special_tokens_map.json",
                "tokenizer.json", "tokenizer_config.json")
 CURVE_EVERY = 100  # steps between the loss points kept in testbed.json
+BUNDLED_MODEL = Path(__file__).parent / "model"
 
 
 def sha256(path) -> str:
@@ -47,9 +48,10 @@ def provenance(run, *, command: str, machine: str) -> dict:
                          f"(missing: {', '.join(missing) or '-'}); "
                          "finish it with the same `testbed-train` command plus --resume")
     ar = cfg.get("ar_steps", 0)
+    masked = ("LLaDA SFT (masked, 1/t weighted)" if cfg.get("family", "llada") == "llada" else
+              "LLaDA SFT with Dream's shift (masked, 1/t weighted, the row before a masked position predicts it)")
     phases = (f"steps 0-{ar - 1}: autoregressive (causal mask, next-token loss on the answer); " if ar else "") + \
-        f"steps {ar}-{cfg['steps'] - 1}: LLaDA SFT (masked, 1/t weighted)" + \
-        (", fresh AdamW and schedule" if ar else "")
+        f"steps {ar}-{cfg['steps'] - 1}: {masked}" + (", fresh AdamW and schedule" if ar else "")
     return {
         "command": command,
         "config": cfg,
@@ -66,10 +68,15 @@ def provenance(run, *, command: str, machine: str) -> dict:
     }
 
 
-def ship(run, dest, *, command: str, machine: str) -> dict:
-    """Copy the run's model files into ``dest`` (atomically, file by file) and write ``dest/testbed.json``."""
+def ship(run, dest, *, command: str, machine: str, overwrite: bool = False) -> dict:
+    """Copy the run's model files into ``dest`` (atomically, file by file) and write ``dest/testbed.json``; a
+    ``dest`` that already holds a model (the bundled one, say) is replaced only with ``overwrite``."""
     info = provenance(run, command=command, machine=machine)
     dest = Path(dest)
+    if (dest / "model.safetensors").exists() and not overwrite:
+        bundled = " (the package's bundled model)" if dest.resolve() == BUNDLED_MODEL.resolve() else ""
+        raise FileExistsError(f"{dest}{bundled} already holds a model; pass --overwrite to replace it, or another "
+                              "--dest")
     dest.mkdir(parents=True, exist_ok=True)
     for name in MODEL_FILES:
         atomic_write(dest / name, lambda tmp, name=name: shutil.copyfile(Path(run) / name, tmp))
@@ -78,15 +85,16 @@ def ship(run, dest, *, command: str, machine: str) -> dict:
 
 
 def _run(args):
-    info = ship(args.run, args.dest, command=args.command, machine=args.machine)
+    info = ship(args.run, args.dest, command=args.command, machine=args.machine, overwrite=args.overwrite)
     print(f"shipped {args.run} -> {args.dest} (model.safetensors sha256 {info['model_safetensors_sha256'][:16]}...)")
 
 
 def add_parsers(sub):
     p = sub.add_parser("testbed-ship", help="copy a finished testbed-train run into a model folder with testbed.json")
     p.add_argument("run", help="the --out folder of a finished `tracelock testbed-train` run")
-    p.add_argument("--dest", default=str(Path(__file__).parent / "model"),
-                   help="model folder to write (default: the package's bundled model)")
+    p.add_argument("--dest", required=True,
+                   help=f"model folder to write; the package's bundled model is {BUNDLED_MODEL}")
+    p.add_argument("--overwrite", action="store_true", help="replace the model --dest already holds")
     p.add_argument("--command", required=True, help="the testbed-train command that made the run, for the record")
     p.add_argument("--machine", required=True, help="where it ran (CPU, threads, torch), for the record")
     p.set_defaults(func=_run)

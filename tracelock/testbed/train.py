@@ -1,10 +1,16 @@
-"""`tracelock testbed-train`: train the bundled testbed model with LLaDA's SFT objective.
+"""`tracelock testbed-train`: train a bundled testbed model with LLaDA's SFT objective.
 
 Optionally the run starts with ``ar_steps`` autoregressive steps (causal mask, next-token loss; see `ar_loss`)
 and then switches to LLaDA's objective with a fresh optimiser and schedule, as Dream starts from an AR model:
 from scratch, the masked objective collapses the embeddings of interchangeable words (the ten objects of the
 math task) before it learns to copy them from the prompt, and never recovers in 20,000 steps; the AR phase
 learns the copying in a few hundred steps and the masked phase keeps it.
+
+``family="dream"`` makes a Dream-format checkpoint (Qwen2 keys, Dream's special ids and chat template) and trains
+it the way Dream was made: the AR phase, whose output row i - 1 predicts token i, then the masked objective with
+the same alignment (`ModelSpec.output_rows`: the row before a masked position predicts it), so the AR phase's
+predictions carry over to the masked phase unchanged. A LLaDA model instead switches from shifted (AR) to
+unshifted (masked) rows.
 
 Each answer token (the end-of-turn token and the eos padding included) is masked with probability
 t ~ U(eps, 1) per row, and the loss is the cross-entropy on masked positions weighted by 1/t, summed and
@@ -23,64 +29,21 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-from tqdm import tqdm
 
 from tracelock.atomic import atomic_write, atomic_write_json
 from tracelock.models.backbone import DiffusionBackbone
 from tracelock.models.loading import load_tokenizer
 from tracelock.models.spec import ModelSpec
-from tracelock.testbed.model_files import export_weights, train_tokenizer, write_folder_files
+from tracelock.progress import progress_bar
+from tracelock.testbed.model_files import FAMILIES, export_weights, train_tokenizer, write_folder_files
 from tracelock.testbed.tasks import held_out, sample
+from tracelock.testbed.train_config import TrainConfig
 from tracelock.text import encode_prompt
-
-
-@dataclass
-class TrainConfig:
-    out: str
-    seed: int = 0
-    steps: int = 3600
-    batch_size: int = 32
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup: int = 100
-    weight_decay: float = 0.01
-    d_model: int = 256
-    n_layers: int = 6
-    n_heads: int = 4
-    mlp: int = 768
-    vocab_size: int = 1024
-    tokenizer_corpus: int = 20000
-    max_positions: int = 512
-    long_fraction: float = 0.15  # share of batches whose generation region is 128 instead of 64
-    eps: float = 1e-3
-    # share of rows masked the way semi-AR decoding sees them (see `block_mask`); 0 is LLaDA's SFT masking alone
-    block_fraction: float = 0.0
-    block_sizes: tuple = (16, 32)
-    tasks: tuple = ("math", "code")
-    save_every: int = 100
-    # bf16 autocast made a step ~30x slower on the 2-core AMD EPYC used earlier (57 s vs 1.9 s); fp32 is the default
-    bf16: bool = False
-    threads: int = 0  # 0: torch's default
-    # "cuda" trains on the GPU; the masks are drawn on the CPU either way, so both devices see the same data and masks,
-    # but float rounding differs, so a run reproduces its weights only on the device (and --threads) it ran on
-    device: str = "cpu"
-    # processes that build the batches ahead of the training step (0: in the training process); the batches are a
-    # function of (seed, step) either way. Worth it on a GPU, where building a batch costs more than the step
-    workers: int = 0
-    # torch.compile the loss (forward + backward): 1.4-1.9x faster steps on a 2-core Xeon after a ~1 min compile;
-    # the weights differ from an eager run's only by float reordering, so a run may switch on resume
-    compile: bool = False
-    ar_steps: int = 0  # autoregressive warm-up steps at the start of ``steps`` (0: LLaDA's objective throughout)
-    # every probe_every steps (0: never), decode the first probe_items validation items per task (confidence 1/step,
-    # gen 64, blocks of 16) and record the accuracies in the run's log; greedy, so the weights are unchanged
-    probe_every: int = 0
-    probe_items: int = 100
 
 
 def _weights_config(config: dict) -> dict:
@@ -201,7 +164,9 @@ def sft_loss(model, x, answer_region, generator, eps, answer_len=None, block_fra
         block_sizes))
     noisy = x.masked_fill(masked, model.spec.mask_id)
     hidden = model(noisy, return_logits=False, return_taps=True).taps[2]
-    logits = model.lm_head(hidden[supervised]).float()
+    # the output rows that predict the supervised positions (Dream: the row before each; the family's one shift)
+    batch_idx, pos = supervised.nonzero(as_tuple=True)
+    logits = model.lm_head(hidden[batch_idx, model.spec.output_rows(pos)]).float()
     token_loss = F.cross_entropy(logits, x[supervised], reduction="none") / t[:, None].expand(B, L)[supervised]
     norm = region.sum(1, keepdim=True).expand(B, L)[supervised]
     return (token_loss / norm).sum() / B
@@ -217,27 +182,31 @@ def make_optimizer(cfg: TrainConfig, model) -> torch.optim.AdamW:
 
 def _lr(cfg: TrainConfig, step: int) -> float:
     """Linear warm-up then cosine decay to ``min_lr_ratio``; the AR phase and the masked phase each get one."""
+    peak = cfg.lr
     if step < cfg.ar_steps:
         total = cfg.ar_steps
     else:
         step, total = step - cfg.ar_steps, cfg.steps - cfg.ar_steps
+        if cfg.ar_steps and cfg.masked_lr is not None:
+            peak = cfg.masked_lr
     if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
+        return peak * (step + 1) / cfg.warmup
     progress = (step - cfg.warmup) / max(1, total - cfg.warmup)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return peak * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 @torch.no_grad()
 def probe(model, tokenizer, tasks, n: int) -> dict:
-    """Accuracy per task of confidence 1/step at gen 64, blocks of 16, on the first ``n`` validation items (the
-    test split stays for the reported tables)."""
-    from tracelock.testbed.evaluate import evaluate_policy
+    """Accuracy per task of the family's reference rule (LLaDA: confidence, Dream: entropy) at one token per step,
+    gen 64, blocks of 16, on the first ``n`` validation items (the test split stays for the reported tables)."""
+    from tracelock.testbed.evaluate import evaluate_policy, reference_rule
 
+    rule = reference_rule(model.spec.family)
     was_training = model.training
     model.eval()
     try:
-        return {task: evaluate_policy(model, tokenizer, held_out(task, "validation", n), "confidence 1/step",
-                                      "confidence", gen_length=64, block=16, batch_size=min(n, 100)).accuracy
+        return {task: evaluate_policy(model, tokenizer, held_out(task, "validation", n), f"{rule} 1/step",
+                                      rule, gen_length=64, block=16, batch_size=min(n, 100)).accuracy
                 for task in tasks}
     finally:
         model.train(was_training)
@@ -270,16 +239,22 @@ def _load_state(out: Path, model, opt) -> tuple:
 def _build(cfg: TrainConfig, out: Path):
     """Tokenizer and config files (fresh run) or the existing ones (resume), and an initialised model."""
     if not (out / "config.json").exists():
-        tok = train_tokenizer(cfg.tasks, vocab_size=cfg.vocab_size, corpus_size=cfg.tokenizer_corpus, seed=cfg.seed)
+        tok = train_tokenizer(cfg.tasks, vocab_size=cfg.vocab_size, corpus_size=cfg.tokenizer_corpus, seed=cfg.seed,
+                              family=cfg.family)
         sizes = dict(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, mlp=cfg.mlp)
-        write_folder_files(out, tok, sizes, cfg.max_positions)
+        write_folder_files(out, tok, sizes, cfg.max_positions, family=cfg.family)
     spec = ModelSpec.from_pretrained(out)
+    if spec.family != cfg.family:
+        raise ValueError(f"{out} holds a {spec.family} checkpoint but family={cfg.family!r}; resume with "
+                         f"--family {spec.family} or choose another --out")
     torch.manual_seed(cfg.seed)
     model = DiffusionBackbone(spec)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.fill_(1.0)
+            elif name.endswith(".bias"):  # Dream's q/k/v biases start at zero, as in Qwen2
+                p.zero_()
             else:
                 # small init; output projections scaled down with depth (GPT-2 style)
                 std = 0.02 / (math.sqrt(2 * spec.num_layers) if name.endswith(("o_proj.weight", "down_proj.weight"))
@@ -352,6 +327,9 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
     ``stop_after`` ends the process-level run early after that step's state is saved (an interruption).
     """
     out = Path(cfg.out)
+    if cfg.family not in FAMILIES:
+        raise ValueError(f"family={cfg.family!r}: the testbed model is one of {', '.join(FAMILIES)}; pass --family "
+                         "llada or --family dream")
     if not 0 <= cfg.ar_steps < cfg.steps:
         raise ValueError(f"ar_steps={cfg.ar_steps} must be at least 0 and below steps={cfg.steps}: pass "
                          "--ar-steps smaller than --steps (the masked objective needs steps of its own)")
@@ -373,7 +351,8 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
     batches = Batches(cfg, tok, model.spec)
     # dynamic: one graph for every sequence length (prompts and generation regions vary per batch)
     loss_fn = torch.compile(sft_loss, dynamic=True) if cfg.compile else sft_loss
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, unit="step")
+    bar = progress_bar(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, desc="train",
+                       unit="step")
     with _deterministic_algorithms():
         t0, window = time.perf_counter(), []
         stream = batch_stream(batches, start, cfg.steps, cfg.workers, pin_memory=device.type == "cuda")

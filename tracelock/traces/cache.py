@@ -93,7 +93,7 @@ class _ShardBuilder:
                 half = codes.astype(np.float16)
                 if not np.isfinite(half).all():
                     raise ValueError(f"trace {trace_id!r} step {step}: codes overflow float16 (max |code| "
-                                     f"{np.abs(codes).max():.3g}); featurize with --dtype int8")
+                                     f"{np.abs(codes).max():.3g}); featurize with --cache-dtype int8")
                 arrays = dict(arrays, codes=half)
             else:
                 q, scale = quantise_int8(codes)

@@ -38,20 +38,17 @@ class Item:
 
 
 def load_items(spec: str, num: int | None, seed: int = 0) -> list[Item]:
-    """Items of ``testbed:TASKS[@SPLIT]`` (``num`` per task, TASKS comma-separated, SPLIT default "train") or of a
-    JSONL file with one ``{"prompt": ..., "id": optional}`` per line (the first ``num`` when given)."""
+    """Items of testbed tasks, ``testbed:math,testbed:code`` (or ``testbed:math,code``; ``@SPLIT`` after a name picks
+    the split of them all, default "train"; ``num`` per task), or of a JSONL file with one
+    ``{"prompt": ..., "id": optional}`` per line (the first ``num`` when given)."""
     if num is not None and num < 1:
-        raise ValueError(f"--num {num} must be >= 1")
+        raise ValueError(f"--limit {num} must be >= 1")
     if spec.startswith("testbed:"):
         from tracelock.testbed.tasks import held_out
 
-        tasks, _, split = spec[len("testbed:"):].partition("@")
-        split = split or "train"
+        names, split = _testbed_tasks(spec)
         if num is None:
-            raise ValueError(f"--num is required with {spec!r}: how many items per task")
-        names = [t for t in tasks.split(",") if t]
-        if not names:
-            raise ValueError(f"--prompts {spec!r} names no task; use e.g. testbed:math, testbed:math,code")
+            raise ValueError(f"--limit is required with {spec!r}: how many items per task")
         return [Item(f"{task}:{split}:{seed}:{i}", ex.prompt, dict(task=task, split=split, index=i, source=spec), ex)
                 for task in names for i, ex in enumerate(held_out(task, split, num, seed=seed))]
     path = Path(spec)
@@ -67,6 +64,21 @@ def load_items(spec: str, num: int | None, seed: int = 0) -> list[Item]:
         raise ValueError(f'{path}: "id" values repeat ({sorted(i for i in set(ids) if ids.count(i) > 1)[:5]}); '
                          "ids must be unique")
     return items
+
+
+def _testbed_tasks(spec: str) -> tuple[list[str], str]:
+    """``testbed:math,testbed:code@validation`` (or ``testbed:math,code@validation``) -> (["math", "code"],
+    "validation")."""
+    from tracelock.cli_common import split_tasks
+
+    names, splits = [], set()
+    for task in split_tasks(spec):
+        name, _, split = task.removeprefix("testbed:").partition("@")
+        names.append(name)
+        splits |= {split} if split else set()
+    if len(splits) > 1:
+        raise ValueError(f"--prompts {spec!r} names several splits ({sorted(splits)}); collect one split at a time")
+    return names, splits.pop() if splits else "train"
 
 
 def model_fingerprint(path) -> str:
@@ -116,7 +128,7 @@ def _filter_reasons(items, traces, completions, end_ids, config: FilterConfig) -
 def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=None, window=None,
             policy="confidence", policy_args=None, fraction=1.0, keep_confidence=False, stop_at_eot=False,
             batch_size=16, seed=0, shard_size=64, filters: FilterConfig | None = None, rank=0, world_size=1,
-            dtype="float32", device="cpu", progress=None) -> dict | None:
+            dtype="float32", device="cpu") -> dict | None:
     """Collect canonical traces of ``prompts`` (see `load_items`) into the store folder ``out``.
 
     With neither ``block`` nor ``window`` the schedule is the paper's fine block schedule (block 8; with the
@@ -126,6 +138,7 @@ def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=Non
     import torch
 
     from tracelock.models import load_model, load_tokenizer
+    from tracelock.progress import progress_bar
     from tracelock.testbed.tasks import score
     from tracelock.text import decode_answer, encode_prompt
     from tracelock.traces.recorder import record
@@ -160,9 +173,11 @@ def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=Non
     seconds_before = writer.extra.get("seconds", 0.0)
     mine = items[rank::world_size]
     common = dict(model=settings["model"], model_fingerprint=settings["model_fingerprint"], seed=seed)
+    bar = progress_bar(total=len(mine), desc="collect")
     for first in range(0, len(mine), batch_size):
         chunk = mine[first:first + batch_size]
         if all(it.id in done for it in chunk):
+            bar.update(len(chunk))
             continue
         traces = record(model, [encode_prompt(tokenizer, it.prompt) for it in chunk], policy=policy,
                         gen_length=gen_length, block=block, window=window, policy_args=policy_args,
@@ -183,8 +198,8 @@ def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=Non
             elif it.example is not None and filters.enabled and filters.run_tests:
                 trace.meta["correct"] = True  # a kept code answer passed its hidden tests
             writer.add(trace)
-        if progress:
-            progress(len(chunk))
+        bar.update(len(chunk))
+    bar.close()
     writer.extra["seconds"] = seconds_before + time.perf_counter() - start
     writer.close(write_index=False)
     if world_size > 1:
@@ -211,17 +226,18 @@ def _summarize(out: Path, num_items: int, settings: dict, world_size: int) -> di
 
 def run_collect(args) -> int:
     """The CLI: reads torchrun's RANK / WORLD_SIZE / LOCAL_RANK, initialises gloo only when WORLD_SIZE > 1."""
+    from tracelock.cli_common import policy_and_args
     from tracelock.distributed import torchrun_group
-    from tracelock.generate_cli import parse_policy_args
 
     filters = FilterConfig(min_tokens=args.min_tokens, run_tests=not args.no_tests, enabled=not args.no_filters)
+    policy, policy_args = policy_and_args(args.policy, args.policy_arg)
     with torchrun_group(args.device) as (rank, world, device):
-        summary = collect(args.model, args.prompts, args.out, num=args.num, gen_length=args.gen_length,
-                          block=args.block, window=args.window, policy=args.policy,
-                          policy_args=parse_policy_args(args.policy_arg), fraction=args.fraction,
+        summary = collect(args.model, args.prompts, args.out, num=args.limit, gen_length=args.gen_length,
+                          block=args.block, window=args.window, policy=policy, policy_args=policy_args,
+                          fraction=args.fraction,
                           keep_confidence=args.confidence, stop_at_eot=args.stop_at_eot, batch_size=args.batch_size,
                           seed=args.seed, shard_size=args.shard_size, filters=filters, rank=rank, world_size=world,
-                          dtype=args.dtype, device=device)
+                          dtype=args.model_dtype, device=device)
     if summary is not None:
         print(f"collected {summary['kept']} traces of {summary['decoded']} decoded items "
               f"(filtered: {summary['filtered'] or 'none'}), {summary['bytes_per_trace'] or 0:.0f} bytes per trace, "
@@ -230,29 +246,36 @@ def run_collect(args) -> int:
 
 
 def add_parsers(sub) -> None:
+    from tracelock.cli_common import POLICY_NAMES, add_alias, add_model_dtype, positive_int
+
     p = sub.add_parser("collect", help="decode prompts, filter, store canonical traces (resumable; torchrun-ready)")
     p.add_argument("--model", required=True, help='checkpoint folder, or "testbed"')
     p.add_argument("--prompts", required=True,
-                   help='testbed:math, testbed:math,code, testbed:math@validation (train split by default), '
-                        'or a JSONL file of {"prompt": ..., "id": optional}')
-    p.add_argument("--num", "--limit", type=int, dest="num", help="items per testbed task (required there); first N "
-                   "lines of a JSONL (spell it --limit under torchrun, whose parser takes --num for --numa-binding)")
+                   help="testbed tasks as `tracelock eval` names them, testbed:math,testbed:code (testbed:math,code "
+                        "too; @validation or @test after a name picks that split, default train), or a JSONL file "
+                        'of {"prompt": ..., "id": optional}')
+    p.add_argument("--limit", type=positive_int, metavar="N",
+                   help="items per testbed task (required there); the first N lines of a JSONL (default: all)")
+    add_alias(p, "--num", "--limit", dest="limit", type=positive_int, metavar="N")
     p.add_argument("--out", required=True, help="store folder (re-running with the same arguments resumes)")
-    p.add_argument("--gen-length", type=int, default=64)
+    p.add_argument("--gen-length", type=positive_int, default=64, help="tokens generated per item")
     sched = p.add_mutually_exclusive_group()
-    sched.add_argument("--block", type=int, help="semi-AR block length (default 8 when no window is given)")
-    sched.add_argument("--window", type=int, help="soft-crop window width")
-    p.add_argument("--policy", default="confidence", help="decoding policy (default: confidence, one token/step)")
-    p.add_argument("--policy-arg", action="append", default=[], metavar="K=V", help="policy keyword, repeatable")
+    sched.add_argument("--block", type=positive_int, help="semi-AR block length (default 8 when no window is given)")
+    sched.add_argument("--window", type=positive_int, help="soft-crop window width (default: blocks, not a window)")
+    p.add_argument("--policy", default="confidence", metavar="SPEC",
+                   help=f"decoding policy spec name[:key=value...] (default: confidence, one token per step); names: "
+                        f"{', '.join(POLICY_NAMES)}")
+    p.add_argument("--policy-arg", action="append", default=[], metavar="K=V",
+                   help="one more policy keyword argument, repeatable; same as :K=V in --policy (default: none)")
     p.add_argument("--fraction", type=float, default=1.0, help="share of each row's steps to record")
     p.add_argument("--confidence", action="store_true", help="also store the proposals' confidences (fp16)")
     p.add_argument("--stop-at-eot", action="store_true", help="a committed end token finishes the row")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=positive_int, default=16, help="items decoded together")
     p.add_argument("--seed", type=int, default=0, help="seed of the testbed items, decoding and step sampling")
-    p.add_argument("--shard-size", type=int, default=64, help="traces per shard")
+    p.add_argument("--shard-size", type=positive_int, default=64, help="traces per shard")
     p.add_argument("--min-tokens", type=int, default=FilterConfig.min_tokens, help="shorter answers are dropped")
     p.add_argument("--no-tests", action="store_true", help="do not run code answers against their hidden tests")
     p.add_argument("--no-filters", action="store_true", help="keep every decoded row")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun: cuda:LOCAL_RANK)")
+    add_model_dtype(p)
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (under torchrun: cuda:LOCAL_RANK)")
     p.set_defaults(func=run_collect)

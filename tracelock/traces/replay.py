@@ -74,8 +74,10 @@ def sample_taps(model, traces: list, max_positions: int, *, seed: int = 0, batch
         raise ValueError("no positions to sample: the traces are empty (pass at least one trace with steps)")
     rng = np.random.default_rng(seed)
     picks = np.sort(rng.choice(total, min(max_positions, total), replace=False))
+    from tracelock.progress import progress_bar
+
     out, offset = [], 0
-    for trace, count in zip(traces, counts):
+    for trace, count in progress_bar(list(zip(traces, counts)), desc="replay", unit="trace"):
         mine = picks[(picks >= offset) & (picks < offset + count)] - offset
         offset += count
         if mine.size == 0:

@@ -25,7 +25,8 @@ def add_parsers(sub):
     p = sub.add_parser("train", help="train the TraceLock controller on a feature cache (DDP under torchrun)")
     p.add_argument("--cache", required=True, help="feature cache folder (`tracelock featurize`)")
     p.add_argument("--out", required=True, help="run folder: best.safetensors/.json, metrics.json, state")
-    p.add_argument("--encoder", help="the encoder folder that wrote the cache: copied into --out so it deploys alone")
+    p.add_argument("--encoder", help="the encoder folder that wrote the cache: copied into --out so it deploys alone "
+                                     "(default: none; then pass the encoder beside the controller when deploying)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last saved state")
     for name, kind, default in DEFAULTS:
         p.add_argument("--" + name, type=kind, default=None, help=f"default {default}")
@@ -34,8 +35,11 @@ def add_parsers(sub):
     p.add_argument("--confidence-input", action="store_true", default=None,
                    help="add the proposals' max-prob as an input (the reference release does)")
     p.add_argument("--state-embedding", action="store_true", default=None, help="add a position-state embedding")
-    p.add_argument("--init", help="warm start: a controller run folder (its architecture and weights)")
-    p.add_argument("--mix-cache", help="a second feature cache mixed in at share --alpha (self-training)")
-    p.add_argument("--alpha", type=float, help="share of --mix-cache items in the training mix, in (0, 1)")
+    p.add_argument("--init", help="warm start: a controller run folder, its architecture and weights (default: a "
+                                  "fresh controller)")
+    p.add_argument("--mix-cache", help="a second feature cache mixed in at share --alpha (self-training; default: "
+                                       "none)")
+    p.add_argument("--alpha", type=float, help="share of --mix-cache items in the training mix, in (0, 1) (default: "
+                                               "none; required with --mix-cache)")
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.set_defaults(func=_train)

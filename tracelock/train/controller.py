@@ -215,9 +215,9 @@ def _load_state(out: Path, model, opt) -> dict:
 
 
 def _progress(total: int, initial: int, enabled: bool):
-    from tqdm.auto import tqdm
+    from tracelock.progress import progress_bar
 
-    return tqdm(total=total, initial=initial, disable=not enabled, desc="train", dynamic_ncols=True)
+    return progress_bar(total=total, initial=initial, disable=not enabled, desc="train", unit="step")
 
 
 def train(config: TrainConfig, *, cache=None, resume: bool = False) -> Path:

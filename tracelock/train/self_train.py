@@ -35,9 +35,10 @@ def self_train(model_path, controller, pre_cache, prompts: str, out, *, num=None
     """
     from tracelock.features import load_encoder
     from tracelock.models import load_model
+    from tracelock.progress import progress_bar
     from tracelock.traces.cache import featurize
     from tracelock.traces.collect import collect
-    from tracelock.traces.store import iter_traces
+    from tracelock.traces.store import iter_traces, load_index
     from tracelock.train.controller import TrainConfig, train
 
     out, controller = Path(out), Path(controller)
@@ -56,7 +57,9 @@ def self_train(model_path, controller, pre_cache, prompts: str, out, *, num=None
     say("featurize them with the controller's encoder")
     model = load_model(model_path, device=device)
     encoder = load_encoder(controller, model)
-    featurize(model, encoder, iter_traces(out / "traces"), out / "cache")
+    traces = progress_bar(iter_traces(out / "traces"), total=load_index(out / "traces")["num_traces"],
+                          desc="featurize", unit="trace")
+    featurize(model, encoder, traces, out / "cache")
     say("train from the controller on the mix")
     run = out / "controller"
     config = TrainConfig(cache=str(pre_cache), out=str(run), steps=steps, batch_size=batch_size, lr=lr,
@@ -69,36 +72,42 @@ def self_train(model_path, controller, pre_cache, prompts: str, out, *, num=None
 
 
 def _self_train(args):
-    import sys
+    from tracelock.progress import status
 
-    run = self_train(args.model, args.controller, args.cache, args.prompts, args.out, num=args.num,
+    run = self_train(args.model, args.controller, args.cache, args.prompts, args.out, num=args.limit,
                      gen_length=args.gen_length, window=args.window, block=args.block, theta=args.theta,
                      alpha=args.alpha, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                      eval_every=args.eval_every, seed=args.seed, decode_batch_size=args.decode_batch_size,
-                     device=args.device, progress=lambda what: print(f"  {what}", file=sys.stderr, flush=True))
+                     device=args.device, progress=status)
     print(f"self-trained controller in {run} (traces and their cache beside it)")
 
 
 def add_parsers(sub):
+    from tracelock.cli_common import add_limit, positive_int
+
     p = sub.add_parser("self-train", help="deployment-aware self-training: on-policy traces, mixed with the "
                                           "original pool, warm-started training")
     p.add_argument("--model", required=True, help='checkpoint folder, or "testbed"')
     p.add_argument("--controller", required=True, help="the supervised controller (`tracelock train --out`)")
     p.add_argument("--cache", required=True, help="the feature cache it was trained on (the original pool, kept)")
-    p.add_argument("--prompts", required=True, help="new prompts: testbed:TASKS or a JSONL file")
-    p.add_argument("--num", type=int, help="items per testbed task (required there)")
+    p.add_argument("--prompts", required=True, help="new prompts: testbed tasks (testbed:math,testbed:code) or a "
+                                                    "JSONL file, as `tracelock collect --prompts`")
+    add_limit(p, help="items per testbed task (required there); the first N lines of a JSONL (default: all)",
+              old=("--num",))
     p.add_argument("--out", required=True, help="folder for traces/, cache/ and controller/ (re-running resumes)")
-    p.add_argument("--gen-length", type=int, default=64)
+    p.add_argument("--gen-length", type=positive_int, default=64, help="tokens generated per item")
     sched = p.add_mutually_exclusive_group()
-    sched.add_argument("--window", type=int, help="decoding window while collecting (default 16)")
-    sched.add_argument("--block", type=int, help="semi-AR blocks while collecting instead")
+    sched.add_argument("--window", type=positive_int, help="decoding window while collecting (default 16)")
+    sched.add_argument("--block", type=positive_int, help="semi-AR blocks while collecting instead (default: the "
+                                                          "window)")
     p.add_argument("--theta", type=float, default=0.97, help="commit threshold while collecting (deployed: 0.95)")
     p.add_argument("--alpha", type=float, default=0.5, help="share of the new traces in the training mix")
-    p.add_argument("--steps", type=int, default=1000, help="training steps (paper: 1000)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--eval-every", type=int, help="validation every N steps (default steps // 4)")
+    p.add_argument("--steps", type=positive_int, default=1000, help="training steps (paper: 1000)")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="training batch")
+    p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
+    p.add_argument("--eval-every", type=positive_int, help="validation every N steps (default steps // 4)")
     p.add_argument("--seed", type=int, default=1, help="seed of the testbed sample (the original pool used 0)")
-    p.add_argument("--decode-batch-size", type=int, default=16)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--decode-batch-size", type=positive_int, default=16, help="items decoded together while "
+                                                                              "collecting")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.set_defaults(func=_self_train)

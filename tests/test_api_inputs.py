@@ -1,0 +1,123 @@
+"""Bad input at the public API: each case is one error that names the argument and the fix, raised before any
+decoding, instead of a silent misreading or a raw message from inside torch."""
+
+import pytest
+import torch
+
+import tracelock
+from tracelock.testing import fresh_controller
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return tracelock.write_tiny_checkpoint(tmp_path_factory.mktemp("a") / "m", family="llada")
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    return tracelock.load_model(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def twin(tmp_path_factory):
+    """Another checkpoint of exactly the same shape: other weights (seed 1)."""
+    folder = tracelock.write_tiny_checkpoint(tmp_path_factory.mktemp("b") / "m", family="llada", seed=1)
+    return tracelock.load_model(folder)
+
+
+def decode(model, ids, **kwargs):
+    kwargs = {"policy": "confidence", "gen_length": 8, **kwargs}
+    return tracelock.fused_generate(model, ids, **kwargs)
+
+
+@pytest.mark.parametrize("generate", [tracelock.fused_generate, tracelock.reference_generate])
+def test_a_flat_list_of_ids_is_refused_not_split_into_one_token_prompts(tiny, generate):
+    with pytest.raises(TypeError, match=r"input_ids is a flat list of token ids .* wrap one prompt in a list, \[ids\]"):
+        generate(tiny, [5, 6, 7], policy="confidence", gen_length=8)
+    tokens, stats = generate(tiny, [[5, 6, 7]], policy="confidence", gen_length=8)
+    assert tokens.shape == (1, 11) and len(stats.steps) == 1
+
+
+def test_generate_many_refuses_a_flat_list(tiny):
+    with pytest.raises(TypeError, match="prompts is a flat list of token ids"):
+        tracelock.generate_many(tiny, [5, 6, 7], batch_size=2, policy="confidence", gen_length=8)
+
+
+@pytest.mark.parametrize("ids", [[[5.0, 6.7, 7.0]], [torch.tensor([5.0, 6.0])], [[5, True]]],
+                         ids=["floats", "float-tensor", "bool"])
+def test_non_integer_ids_are_refused_not_truncated(tiny, ids):
+    with pytest.raises(TypeError, match=r"input_ids\[0\]"):
+        decode(tiny, ids)
+
+
+@pytest.mark.parametrize("bad", [10_000, -1])
+def test_ids_outside_the_vocabulary_name_the_position_and_the_tokenizer(tiny, bad):
+    V = tiny.spec.vocab_size
+    with pytest.raises(ValueError, match=rf"input_ids\[1\]\[2\] = {bad} is outside this model's vocabulary "
+                                         rf"\[0, {V}\); .*load_tokenizer"):
+        decode(tiny, [[5, 6, 7], [5, 6, bad]])
+    with pytest.raises(ValueError, match=rf"input_ids\[0\]\[1\] = {bad} is outside"):
+        decode(tiny, torch.tensor([[5, bad, 7]]))
+
+
+def test_policy_args_must_be_a_mapping(tiny):
+    with pytest.raises(TypeError, match=r"policy_args must be a dict .*\{'tau': 0.9\}, got list"):
+        decode(tiny, [[5, 6]], policy="threshold", policy_args=[0.9])
+
+
+def test_a_policy_without_its_required_argument_says_which(tiny):
+    with pytest.raises(TypeError, match=r"policy 'tracelock' needs controller \(a `tracelock train --out` folder\): "
+                                        r"pass policy_args=\{'controller': \.\.\.\}"):
+        decode(tiny, [[5, 6]], policy="tracelock")
+    with pytest.raises(TypeError, match="policy 'l2p' needs filters"):
+        decode(tiny, [[5, 6]], policy="l2p")
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"tau": "abc"}, "policy 'threshold': tau='abc' is not a number; pass a number, e.g. tau=0.9"),
+    ({"first_token": "yes"}, "first_token='yes' must be a bool"),
+])
+def test_a_value_of_the_wrong_kind_is_named_as_such(tiny, args, message):
+    with pytest.raises(TypeError, match=message):
+        decode(tiny, [[5, 6]], policy="threshold", policy_args=args)
+    with pytest.raises(TypeError, match=r"steps=2.5 is not an int"):
+        decode(tiny, [[5, 6]], policy_args={"steps": 2.5})
+    # out of range stays out of range
+    with pytest.raises(ValueError, match=r"tau=1.5 must lie in \(0, 1\]"):
+        decode(tiny, [[5, 6]], policy="threshold", policy_args={"tau": 1.5})
+
+
+def test_a_controller_path_that_does_not_exist_is_named(tiny, tmp_path):
+    missing = tmp_path / "no-such-run"
+    with pytest.raises(FileNotFoundError, match=f"controller='{missing}' does not exist; pass a `tracelock train "
+                                                "--out` folder"):
+        decode(tiny, [[5, 6]], policy="tracelock", policy_args={"controller": str(missing)})
+
+
+def test_a_controller_of_another_backbone_of_the_same_shape_is_refused(tiny, twin, tmp_path):
+    fresh_controller(tiny, folder=tmp_path / "ctrl")
+    assert twin.spec == tiny.spec  # same config: only the weights tell them apart
+    args = {"controller": str(tmp_path / "ctrl")}
+    tokens, _ = decode(tiny, [[5, 6]], policy="tracelock", policy_args=args, window=4)
+    with pytest.raises(ValueError, match="was fit on another backbone of the same shape"):
+        decode(twin, [[5, 6]], policy="tracelock", policy_args=args, window=4)
+    # the controller object with its encoder: the controller's own fingerprint refuses it too
+    from tracelock.policies.tracelock import TraceLockPolicy
+
+    controller, encoder = fresh_controller(tiny)
+    with pytest.raises(ValueError, match="this controller was trained for another backbone of the same shape"):
+        TraceLockPolicy(controller, encoder, model=twin)
+
+
+def test_the_same_checkpoint_in_another_dtype_keeps_its_controller(tiny, tiny_dir, tmp_path):
+    from tracelock.policies.tracelock import TraceLockPolicy
+
+    fresh_controller(tiny, folder=tmp_path / "ctrl")
+    TraceLockPolicy(str(tmp_path / "ctrl"), model=tracelock.load_model(tiny_dir, dtype=torch.bfloat16))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a CPU-only machine")
+def test_cuda_without_cuda_names_the_device_and_the_fix():
+    with pytest.raises(ValueError, match=r"device='cuda' but this torch \(.*\) (is a CPU-only build|finds no usable "
+                                         r"GPU); use device='cpu'"):
+        tracelock.load_model("testbed", device="cuda")

@@ -1,0 +1,61 @@
+"""The README and docs/: short, self-contained (no link leaves the repository), and their examples run as written."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _block(text: str, after: str, lang: str) -> str:
+    """The first ```lang block after the line ``after``."""
+    tail = text[text.index(after):]
+    match = re.search(rf"```{lang}\n(.*?)```", tail, re.S)
+    assert match, f"no {lang} block after {after!r}"
+    return match.group(1)
+
+
+def test_readme_is_a_short_user_page_with_the_ci_block():
+    text = README.read_text()
+    assert len(text.splitlines()) < 250
+    ci = _block(text, "<!-- ci: tests -->", "bash")
+    assert 'pip install -c constraints.txt --no-build-isolation -e ".[test]"' in ci and "pytest -q bench/" in ci
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_pages_point_nowhere_outside_the_repository(page):
+    text = page.read_text()
+    assert "../shared" not in text and "/work/" not in text
+    assert not re.search(r"\bissue\b", text, re.I), f"{page.name} refers to an issue"
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
+        if target.startswith(("http://", "https://")):
+            continue
+        assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
+
+
+def test_the_readme_python_quick_start_runs_on_the_bundled_model(tmp_path):
+    code = _block(README.read_text(), "## Quick start in Python", "python")
+    assert 'load_model("testbed")' in code
+    script = tmp_path / "quick_start.py"
+    script.write_text(code)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    answer, steps = done.stdout.strip().rsplit("\n", 1)
+    # the bundled model solves it: 9 + 4
+    assert answer.strip().endswith("#### 13") and re.fullmatch(r"\d+ steps for 64 positions, [\d.]+ s", steps)
+    # what the README says it prints, up to the timing
+    shown = _block(README.read_text(), "It prints", "text")
+    assert shown.strip().rsplit(",", 1)[0] == done.stdout.strip().rsplit(",", 1)[0]
+
+
+def test_the_readme_picture_is_drawn_from_the_results(tmp_path):
+    out = tmp_path / "figure.png"
+    done = subprocess.run([sys.executable, str(ROOT / "docs" / "quality_vs_steps.py"), str(out)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (ROOT / "docs" / "quality-vs-steps.png").exists()

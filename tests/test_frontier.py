@@ -1,0 +1,132 @@
+"""`tracelock frontier`: a sweep end to end on a micro testbed model, resume after a kill, interpolation, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tracelock.eval.frontier import pareto, parse_sweep, run_frontier, steps_at_accuracy
+from tracelock.eval.runner import Setting
+from tracelock.testbed.train import TrainConfig, train
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory):
+    out = tmp_path_factory.mktemp("frontier") / "model"
+    train(TrainConfig(out=str(out), steps=4, batch_size=4, d_model=32, n_layers=4, n_heads=2, mlp=64, vocab_size=400,
+                      tokenizer_corpus=300, save_every=4), progress=False)
+    return out
+
+
+SWEEPS = ["threshold:tau=0.5,0.9", "confidence:per_step=2,4"]
+ARGS = dict(tasks=["testbed:math"], settings=[Setting(16, 8)], limit=3, batch_size=3)
+
+
+def test_a_sweep_end_to_end(micro, tmp_path):
+    result = run_frontier(micro, sweeps=[parse_sweep(s) for s in SWEEPS], out=tmp_path, **ARGS)
+    d = result["tasks"]["testbed:math"]["16/8"]
+    assert d["reference"]["policy"] == "confidence:per_step=1" and result["family"] == "llada"
+    assert set(d["curves"]) == {"confidence", "threshold"}
+    assert [p["value"] for p in d["curves"]["confidence"]] == [1, 2, 4]
+    # per_step k is k tokens per step: 16 positions in 16 / 8 / 4 steps
+    assert [p["avg_steps"] for p in d["curves"]["confidence"]] == [16, 8, 4]
+    assert d["target"] == pytest.approx(d["reference"]["metric"] - 0.01)
+    assert all(p["seconds_per_item"] > 0 and p["n"] == 3 and isinstance(p["pareto"], bool)
+               for c in d["curves"].values() for p in c)
+    assert d["steps_at_reference"]["confidence"] == 16 or d["steps_at_reference"]["confidence"] < 16
+    for name in ("frontier.json", "frontier.csv", "frontier.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert json.loads((tmp_path / "frontier.json").read_text()) == result
+    rows = (tmp_path / "frontier.csv").read_text().splitlines()
+    assert len(rows) == 1 + 5 and rows[0].startswith("task,setting,curve,label")
+    assert (tmp_path / "frontier.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_resume_after_a_kill_gives_the_uninterrupted_result(micro, tmp_path):
+    def command(out):
+        return [sys.executable, "-m", "tracelock", "frontier", "--model", str(micro), "--tasks", "testbed:math",
+                "--settings", "16/8", "--limit", "3", "--batch-size", "3", "--out", str(out),
+                *[a for s in SWEEPS for a in ("--sweep", s)]]
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    whole = tmp_path / "whole"
+    subprocess.run(command(whole), check=True, env=env, capture_output=True)
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen(command(cut), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # killed once the first two points are on disk, in the middle of the sweep
+    deadline = time.monotonic() + 120
+    while len(list(cut.glob("**/items-rank0.jsonl"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (cut / "frontier.json").exists()
+    subprocess.run(command(cut), check=True, env=env, capture_output=True)
+
+    def without_seconds(folder):
+        result = json.loads((folder / "frontier.json").read_text())
+        for c in result["tasks"]["testbed:math"]["16/8"]["curves"].values():
+            for p in c:
+                p.pop("seconds_per_item")
+        result.pop("model")
+        return result
+
+    assert without_seconds(cut) == without_seconds(whole)
+
+
+def test_steps_at_accuracy_interpolates_between_sweep_points():
+    points = [(8, 0.60), (16, 0.80), (32, 0.85), (64, 0.86)]
+    assert steps_at_accuracy(points, 0.70) == pytest.approx(12.0)
+    assert steps_at_accuracy(points, 0.80) == pytest.approx(16.0)
+    assert steps_at_accuracy(points, 0.845) == pytest.approx(16 + 16 * 0.045 / 0.05)
+    assert steps_at_accuracy(points, 0.50) == 8.0  # the cheapest point already reaches it
+    assert steps_at_accuracy(points, 0.90) is None  # never reached
+    # the order of the sweep does not matter, and the first crossing counts (a curve may dip later)
+    assert steps_at_accuracy([(64, 0.86), (8, 0.6), (32, 0.7), (16, 0.8)], 0.75) == pytest.approx(14.0)
+    assert pareto([(8, 0.6), (16, 0.8), (32, 0.7), (16, 0.8)]) == [True, True, False, True]
+
+
+@pytest.mark.parametrize("sweep, match", [
+    ("nonesuch:tau=0.5,0.9", "'nonesuch' is not a policy"),
+    ("threshold:theta=0.5,0.9", "threshold has no knob or argument 'theta'; choose from"),
+    ("threshold:tau=a,b", "'a' is not a number"),
+    ("threshold:tau=0.5,0.9:first_token=0.1,0.2", "sweeps two knobs"),
+    ("threshold:tau", "must look like key=value"),
+    ("confidence:per_step=0.5,1", "per_step .* whole numbers"),
+    ("topk", "topk has no default knob"),
+])
+def test_bad_sweeps_are_refused(sweep, match):
+    with pytest.raises(ValueError, match=match):
+        parse_sweep(sweep)
+
+
+def test_a_bare_name_takes_its_default_grid_and_one_value_is_one_point():
+    assert parse_sweep("threshold").values == (0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
+    one = parse_sweep("threshold:tau=0.9:cache=dual")
+    assert (one.knob, one.values, one.fixed) == ("tau", (0.9,), {"cache": "dual"})
+    assert one.points(Setting(64, 16))[0].args == {"tau": 0.9, "cache": "dual"}
+    assert parse_sweep("confidence:per_step=1,4").points(Setting(64, 16))[1].args == {"steps": 16}
+    named = parse_sweep("tracelock:theta=0.5,0.9:controller=runs/a:curve=TraceLock-A")
+    assert named.curve == "TraceLock-A" and named.fixed == {"controller": "runs/a"}
+    point = named.points(Setting(64, 16))[1]
+    assert point.args == {"theta": 0.9, "controller": "runs/a"} and point.label.endswith(":curve=TraceLock-A")
+
+
+def test_bad_runs_are_refused(micro, tmp_path):
+    sweeps = [parse_sweep("threshold:tau=0.9")]
+    with pytest.raises(ValueError, match="the sweep is empty"):
+        run_frontier(micro, sweeps=[], out=tmp_path, **ARGS)
+    with pytest.raises(ValueError, match="--split 'train' does not exist"):
+        run_frontier(micro, sweeps=sweeps, out=tmp_path, split="train", **ARGS)
+    with pytest.raises(ValueError, match="only testbed tasks have a validation split"):
+        run_frontier(micro, sweeps=sweeps, out=tmp_path, split="validation",
+                     **{**ARGS, "tasks": ["gsm8k:/nonexistent.jsonl"]})
+    with pytest.raises(ValueError, match="give the split with --split"):
+        run_frontier(micro, sweeps=sweeps, out=tmp_path, **{**ARGS, "tasks": ["testbed:math@validation"]})
+    cli = subprocess.run([sys.executable, "-m", "tracelock", "frontier", "--model", str(micro), "--tasks",
+                          "testbed:math", "--limit", "2", "--out", str(tmp_path / "x"), "--sweep", "nonesuch"],
+                         capture_output=True, text=True)
+    assert cli.returncode == 2 and "'nonesuch' is not a policy" in cli.stderr and "Traceback" not in cli.stderr

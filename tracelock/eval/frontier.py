@@ -1,0 +1,333 @@
+"""`tracelock frontier`: quality against steps for every policy along its knob, and the steps each needs to keep the
+one-token-per-step accuracy.
+
+A sweep is one policy and one knob with several values (``threshold:tau=0.5,0.7,0.9``); every value is a point,
+decoded by `tracelock eval` (`tracelock.eval.runner.run_eval`) into ``OUT/<task>/<setting>/``, so a frontier resumes
+like `eval` and an eval run folder with the same arguments is reused. The knob ``per_step`` of the schedule rules
+(confidence, entropy, ...) is tokens per step, ``steps = gen_length // per_step`` at each setting.
+
+The single number per policy is its **steps at the reference accuracy**: the reference is the model family's own rule
+at one token per step (LLaDA: confidence, Dream: entropy), always decoded first; the target is its accuracy minus
+``tolerance`` (1 point); a policy's curve is its points in order of mean steps joined by straight lines, and the number
+is the fewest mean steps at which that curve reaches the target (`steps_at_accuracy`), or None ("not reached").
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+import io
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracelock.atomic import atomic_write, atomic_write_json, atomic_write_text
+from tracelock.eval.runner import PolicySpec, Setting, parse_settings, slug
+
+# the knob each policy is swept along by default, and its default values
+DEFAULT_SWEEPS = {
+    "confidence": ("per_step", (1, 2, 4, 8)),
+    "entropy": ("per_step", (1, 2, 4, 8)),
+    "maskgit_plus": ("per_step", (1, 2, 4, 8)),
+    "topk_margin": ("per_step", (1, 2, 4, 8)),
+    "random": ("per_step", (1, 2, 4)),
+    "threshold": ("tau", (0.5, 0.7, 0.8, 0.9, 0.95, 0.99)),
+    "factor": ("f", (0.5, 1.0, 2.0, 4.0)),
+    "l2p": ("threshold", (0.5, 0.8, 0.9, 0.96, 0.99)),
+    "tracelock": ("theta", (0.5, 0.8, 0.9, 0.95, 0.99)),
+}
+# the schedule rules: `per_step` tokens per step is their `steps` argument at each generation length
+PER_STEP_POLICIES = ("confidence", "entropy", "maskgit_plus", "topk_margin", "random", "origin")
+REFERENCE_RULE = {"llada": "confidence", "dream": "entropy"}
+SPLITS = ("test", "validation")
+
+
+@dataclass
+class Sweep:
+    name: str
+    knob: str
+    values: tuple
+    fixed: dict  # the policy's other arguments (and the runner's, e.g. cache=dual), the same at every point
+    title: str | None = None  # the curve's name (``curve=``), default: the policy and its fixed arguments
+
+    @property
+    def curve(self) -> str:
+        """The curve's name: ``curve=``, else the policy with the fixed arguments that set it apart."""
+        return self.title or self.name + "".join(f":{k}={v}" for k, v in self.fixed.items())
+
+    def label(self, value) -> str:
+        """The eval policy label of one point (the curve name keeps two sweeps of one policy apart)."""
+        fixed = "".join(f":{k}={v}" for k, v in self.fixed.items())
+        return f"{self.name}:{self.knob}={value}{fixed}" + (f":curve={self.title}" if self.title else "")
+
+    def points(self, setting: Setting) -> list[PolicySpec]:
+        """One eval policy per knob value, labelled `label`."""
+        out = []
+        for v in self.values:
+            knob = {"steps": setting.gen_length // v} if self.knob == "per_step" else {self.knob: v}
+            out.append(PolicySpec(self.label(v), self.name, {**knob, **self.fixed}))
+        return out
+
+
+def _number(text: str, where: str):
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ValueError(f"--sweep {where}: {text!r} is not a number")
+    return value
+
+
+def _value(text: str):
+    """A fixed argument: JSON (numbers, true/false) where it parses, else the text (a path, a name)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_sweep(text: str) -> Sweep:
+    """``name[:knob=v1,v2,...][:key=value...][:curve=TITLE]``; a bare ``name`` takes its `DEFAULT_SWEEPS` grid."""
+    from tracelock.policies import POLICIES
+
+    name, *pairs = [t.strip() for t in text.strip().split(":")]
+    if name not in POLICIES:
+        raise ValueError(f"--sweep {text!r}: {name!r} is not a policy; known: {', '.join(sorted(POLICIES))}")
+    accepted = {p for p in inspect.signature(POLICIES[name].__init__).parameters if p != "self"}
+    if name in PER_STEP_POLICIES:
+        accepted.add("per_step")
+    accepted |= {"schedule", "cache", "refresh_every", "refresh_shift"}  # the runner's (see runner.RUNNER_KEYS)
+    knob, values, fixed, title = None, None, {}, None
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--sweep {text!r}: {pair!r} must look like key=value or knob=v1,v2,... "
+                             "(e.g. threshold:tau=0.5,0.7,0.9)")
+        if key == "curve":
+            title = value
+            continue
+        if key not in accepted:
+            raise ValueError(f"--sweep {text!r}: {name} has no knob or argument {key!r}; choose from "
+                             f"{', '.join(sorted(accepted))}")
+        if "," in value:
+            if knob is not None:
+                raise ValueError(f"--sweep {text!r} sweeps two knobs ({knob}, {key}); sweep one knob per --sweep")
+            knob, values = key, tuple(_number(v, text) for v in value.split(",") if v.strip())
+        else:
+            fixed[key] = _value(value)
+    if knob is None:
+        if name not in DEFAULT_SWEEPS:
+            raise ValueError(f"--sweep {text!r}: {name} has no default knob; give one, e.g. {name}:KNOB=v1,v2")
+        knob, values = DEFAULT_SWEEPS[name]
+        if knob in fixed:  # a single value given for the default knob: that one point
+            values = (fixed.pop(knob),)
+    if not values:
+        raise ValueError(f"--sweep {text!r} sweeps {knob} over no values; give at least one")
+    if knob == "per_step" and not all(isinstance(v, int) and v >= 1 for v in values):
+        raise ValueError(f"--sweep {text!r}: per_step (tokens per step) takes whole numbers >= 1")
+    return Sweep(name, knob, values, fixed, title)
+
+
+def steps_at_accuracy(points: list, target: float) -> float | None:
+    """The fewest mean steps at which the curve through ``points`` [(steps, metric)] reaches ``target``.
+
+    The curve joins the points in order of steps with straight lines; the answer is the first point of it at or above
+    ``target`` (interpolated between the two sweep points around the crossing), or None when no point reaches it.
+    """
+    pts = sorted((s, m) for s, m in points if s is not None and m is not None)
+    for i, (s, m) in enumerate(pts):
+        if m >= target:
+            if i == 0:
+                return float(s)
+            s0, m0 = pts[i - 1]
+            return float(s0 + (target - m0) * (s - s0) / (m - m0))
+    return None
+
+
+def pareto(points: list) -> list[bool]:
+    """For each (steps, metric): no other point has fewer-or-equal steps and a higher-or-equal metric, one strictly."""
+    return [not any((s2 <= s and m2 >= m) and (s2 < s or m2 > m) for s2, m2 in points) for s, m in points]
+
+
+def _family(model_path) -> str:
+    from tracelock.models.loading import resolve_path
+    from tracelock.models.spec import ModelSpec
+
+    return ModelSpec.from_pretrained(resolve_path(model_path)).family
+
+
+def frontier_points(rows: list, sweeps: list, reference: PolicySpec) -> dict:
+    """{policy name: [point]} from eval summary rows (one setting), each point with its knob value, metric, steps,
+    seconds per item and Pareto flag (over all points of the setting)."""
+    by_label = {r["policy"]: r for r in rows}
+    curves = {}
+    for sw in [Sweep(reference.name, "per_step", (1,), {})] + sweeps:
+        for value in sw.values:
+            row = by_label.get(sw.label(value))
+            if row is None:
+                continue
+            point = dict(label=sw.label(value), knob=sw.knob, value=value, metric=row["metric"],
+                         avg_steps=row["avg_steps"], seconds_per_item=row["seconds_per_item"], n=row["n"])
+            curve = curves.setdefault(sw.curve, [])
+            if all(p["label"] != point["label"] for p in curve):
+                curve.append(point)
+    everything = [(p["avg_steps"], p["metric"]) for c in curves.values() for p in c]
+    flags = iter(pareto(everything))
+    for c in curves.values():
+        for p in c:
+            p["pareto"] = next(flags)
+    return curves
+
+
+def summarize_setting(rows: list, sweeps: list, reference: PolicySpec, tolerance: float) -> dict:
+    curves = frontier_points(rows, sweeps, reference)
+    ref_row = next(r for r in rows if r["policy"] == reference.label)
+    target = ref_row["metric"] - tolerance
+    at_ref = {name: steps_at_accuracy([(p["avg_steps"], p["metric"]) for p in c], target)
+              for name, c in curves.items()}
+    return dict(reference=dict(policy=reference.label, metric=ref_row["metric"], avg_steps=ref_row["avg_steps"]),
+                target=target, curves=curves, steps_at_reference=at_ref)
+
+
+def _csv(result: dict) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["task", "setting", "curve", "label", "knob", "value", "metric", "avg_steps", "seconds_per_item", "n",
+                "pareto", "steps_at_reference"])
+    for task, settings in result["tasks"].items():
+        for setting, s in settings.items():
+            for name, curve in s["curves"].items():
+                for p in curve:
+                    w.writerow([task, setting, name, p["label"], p["knob"], p["value"], p["metric"], p["avg_steps"],
+                                p["seconds_per_item"], p["n"], p["pareto"], s["steps_at_reference"][name]])
+    return buf.getvalue()
+
+
+def frontier_figure(result: dict) -> bytes:
+    """One panel per (task, setting): metric against mean steps, a line per curve, Pareto points ringed, the target
+    accuracy dashed."""
+    from tracelock.eval.plots import _figure, _png
+
+    panels = [(t, s, d) for t, settings in result["tasks"].items() for s, d in settings.items()]
+    fig, axes = _figure(len(panels), columns=3)
+    for ax, (task, setting, d) in zip(axes, panels):
+        for name, curve in d["curves"].items():
+            pts = sorted((p["avg_steps"], 100 * p["metric"], p["pareto"]) for p in curve)
+            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3.5, label=name)
+            front = [p for p in pts if p[2]]
+            ax.scatter([p[0] for p in front], [p[1] for p in front], s=70, facecolors="none",
+                       edgecolors=line.get_color(), linewidths=1.4)
+        ax.axhline(100 * d["target"], color="grey", ls="--", lw=0.8)
+        ax.set_title(f"{task}, {setting}", fontsize=9)
+        ax.set_xlabel("mean steps")
+        ax.set_ylabel("accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6.5)
+    return _png(fig)
+
+
+def run_frontier(model, tasks: list, settings: list, sweeps: list, out, *, split="test", limit=None, tolerance=0.01,
+                 controller=None, l2p=None, batch_size=32, seed=0, schedule="auto", device="cpu", dtype="float32",
+                 workers=2, progress=None) -> dict:
+    """Decode every sweep point (and the family's reference rule at one token per step) on each task and setting;
+    write ``frontier.json``, ``frontier.csv`` and ``frontier.png`` in ``out``; return the result."""
+    from tracelock.eval.runner import run_eval
+
+    if split not in SPLITS:
+        raise ValueError(f"--split {split!r} does not exist for evaluation; choose from {', '.join(SPLITS)} "
+                         "(choose settings on validation, report on test)")
+    if not sweeps:
+        raise ValueError("the sweep is empty: give at least one --sweep, e.g. --sweep threshold:tau=0.7,0.9")
+    if not tasks:
+        raise ValueError("--tasks names no task; e.g. --tasks testbed:math,testbed:code")
+    family = _family(model)
+    ref_name = REFERENCE_RULE[family]
+    out = Path(out)
+    result = dict(model=str(model), family=family, split=split, limit=limit, tolerance=tolerance,
+                  reference_rule=f"{ref_name}, one token per step", tasks={})
+    for task in tasks:
+        if not task.startswith("testbed:") and split != "test":
+            raise ValueError(f"--split {split}: only testbed tasks have a validation split; {task!r} has one set")
+        if "@" in task:
+            raise ValueError(f"--tasks {task!r}: give the split with --split, not in the task name")
+        spec = task if split == "test" else f"{task}@{split}"
+        for setting in settings:
+            reference = Sweep(ref_name, "per_step", (1,), {}).points(setting)[0]
+            policies = [reference] + [p for sw in sweeps for p in sw.points(setting) if p.label != reference.label]
+            if progress:
+                progress(f"{spec} {setting.label}: {len(policies)} points")
+            rows = run_eval(model, spec, policies, [setting], out / slug(task) / setting.slug, n=limit, seed=seed,
+                            batch_size=batch_size, schedule=schedule, controller=controller, l2p=l2p, device=device,
+                            dtype=dtype, workers=workers, progress=progress)
+            result["tasks"].setdefault(task, {})[setting.label] = summarize_setting(rows, sweeps, reference,
+                                                                                   tolerance)
+    atomic_write_json(out / "frontier.json", result)
+    atomic_write_text(out / "frontier.csv", _csv(result))
+    png = frontier_figure(result)
+    atomic_write(out / "frontier.png", lambda p: Path(p).write_bytes(png))
+    return result
+
+
+def format_summary(result: dict) -> str:
+    """The steps-at-reference table: a row per (task, setting), a column per curve."""
+    names = list(dict.fromkeys(n for s in result["tasks"].values() for d in s.values() for n in d["curves"]))
+    lines = [f"steps at the reference accuracy ({result['reference_rule']} minus "
+             f"{100 * result['tolerance']:g} point), {result['split']} split",
+             "", "| task | setting | reference | " + " | ".join(names) + " |", "|---" * (len(names) + 3) + "|"]
+    for task, settings in result["tasks"].items():
+        for setting, d in settings.items():
+            cells = ["not reached" if (v := d["steps_at_reference"].get(n)) is None and n in d["curves"]
+                     else "-" if v is None else f"{v:.1f}" for n in names]
+            ref = d["reference"]
+            lines.append(f"| {task} | {setting} | {100 * ref['metric']:.1f}% / {ref['avg_steps']:.1f} | "
+                         + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _run(args) -> int:
+    from tracelock.cli_common import split_tasks
+
+    sweeps = [parse_sweep(s) for s in args.sweep or []]
+    result = run_frontier(args.model, split_tasks(args.tasks),
+                          parse_settings(args.settings), sweeps, args.out, split=args.split, limit=args.limit,
+                          tolerance=args.tolerance, controller=args.controller, l2p=args.l2p,
+                          batch_size=args.batch_size, seed=args.seed, schedule=args.schedule, device=args.device,
+                          dtype=args.model_dtype, workers=args.workers,
+                          progress=lambda what: print(f"  {what}", file=sys.stderr, flush=True))
+    print(format_summary(result))
+    print(f"\nfrontier.json, frontier.csv and frontier.png in {args.out}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    from tracelock.cli_common import add_limit, add_model_dtype, positive_int
+
+    p = sub.add_parser("frontier", help="quality against steps along each policy's knob; steps at the reference "
+                                        "accuracy (resumable)")
+    p.add_argument("--model", required=True, help='checkpoint folder, or "testbed" / "testbed-dream"')
+    p.add_argument("--tasks", required=True, help="comma-separated eval task names, e.g. testbed:math,testbed:code")
+    p.add_argument("--split", default="test", choices=SPLITS,
+                   help="held-out split of the testbed tasks (default: test; choose settings on validation)")
+    add_limit(p, help="the first N items of each task (default: all; testbed tasks need it)")
+    p.add_argument("--settings", default="64/16", help="GEN/WIDTH comma-separated (default: 64/16)")
+    p.add_argument("--sweep", action="append", default=None, metavar="NAME[:KNOB=V1,V2,...][:KEY=VALUE...]",
+                   help="a policy and the values of its knob, repeatable, e.g. --sweep threshold:tau=0.7,0.9 "
+                        "--sweep confidence:per_step=1,2,4; curve=TITLE names the curve (two sweeps of one policy, "
+                        "e.g. two controllers); a bare name takes its default grid: " +
+                        "; ".join(f"{n} {k}={','.join(map(str, v))}" for n, (k, v) in DEFAULT_SWEEPS.items()))
+    p.add_argument("--tolerance", type=float, default=0.01,
+                   help="the reference accuracy is the one-per-step rule's minus this (default: 0.01, one point)")
+    p.add_argument("--controller", help="a `tracelock train --out` folder, for tracelock sweeps (default: none; "
+                                         "a sweep may name its own with controller=DIR)")
+    p.add_argument("--l2p", help="a `tracelock train-l2p --out` folder, for l2p sweeps (default: none)")
+    p.add_argument("--schedule", default="auto", choices=["auto", "block", "window"],
+                   help="auto (default): tracelock in a sliding window of WIDTH, the others in blocks of WIDTH")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="items decoded together (default: 32)")
+    p.add_argument("--seed", type=int, default=0, help="default: 0")
+    p.add_argument("--workers", type=int, default=2, help="sandbox processes for code scoring (default: 2)")
+    add_model_dtype(p, old=())
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--out", required=True, help="folder: one eval run per task and setting, frontier.json/csv/png")
+    p.set_defaults(func=_run)
