@@ -341,6 +341,10 @@ class DecodeEngine:
         if n > self.P:
             raise ValueError(f"the prompt has {n} tokens but this engine's prompt bucket is {self.P}; build an engine "
                              f"with prompt_len=prompt_bucket({n}, ...) for it")
+        outside = (ids < 0) | (ids >= self.spec.vocab_size)
+        if bool(outside.any()):
+            raise ValueError(f"the prompt's token {int(ids[outside][0])} is outside this model's vocabulary [0, "
+                             f"{self.spec.vocab_size}); encode prompts with the checkpoint's own tokenizer")
         if bool((ids == self.spec.mask_id).any()):
             raise ValueError(f"the prompt contains the mask token (id {self.spec.mask_id}); remove it: the decoder "
                              "would treat it as prompt text, not as a position to fill")
