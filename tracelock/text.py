@@ -12,6 +12,13 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list:
     return tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
 
+def encode_text(tokenizer, text: str) -> list:
+    """Token ids of plain text (no chat template) with the tokenizer's special tokens (LLaDA's BOS), unless the text
+    already starts with the BOS token (a prompt rendered by a chat template)."""
+    bos = tokenizer.bos_token
+    return tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
+
+
 def answer_ids(generated: list, end_ids) -> list:
     """The generated ids up to (not including) the first end token."""
     for i, t in enumerate(generated):
@@ -59,3 +66,9 @@ def read_prompt_rows(path) -> list[dict]:
     if not rows:
         raise ValueError(f"{path} holds no prompts")
     return rows
+
+
+def cut_at_stop(text: str, stop) -> tuple[str, bool]:
+    """``text`` up to (not including) the earliest of the ``stop`` strings, and whether one was found."""
+    cut = min((i for i in (text.find(s) for s in stop or () if s) if i >= 0), default=-1)
+    return (text, False) if cut < 0 else (text[:cut], True)

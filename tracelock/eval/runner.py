@@ -25,7 +25,8 @@ from pathlib import Path
 
 from tracelock.atomic import atomic_write_json, atomic_write_text
 
-__all__ = ["PolicySpec", "Setting", "parse_policies", "parse_settings", "run_eval", "read_items", "folder_items",
+__all__ = ["PolicySpec", "Setting", "build_policy", "parse_policies", "parse_settings", "run_eval", "read_items",
+           "folder_items",
            "metric_cell", "summary_table"]
 
 
@@ -206,10 +207,21 @@ def _decode_chunk(model, policy, prompts, gen_length, sched, seed, metas, contro
     return traces_rec.traces(canvas, metas), stats.seconds / len(prompts)
 
 
+def build_policy(policy: PolicySpec, model, *, controller=None, l2p=None):
+    """The `Policy` object of a spec; TraceLock's controller and Learn2PD's filters (one per block size) are read
+    from their folders once, here."""
+    from tracelock.policies import make_policy
+
+    if policy.name == "tracelock":
+        return make_policy("tracelock", **{"controller": controller, "model": model, **policy.policy_args})
+    if policy.name in ("l2p", "l2p-hidden"):
+        return make_policy(policy.name, **{"filters": l2p, "model": model, **policy.policy_args})
+    return make_policy(policy.name, **policy.policy_args)
+
+
 def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, rank, batch_size, seed, schedule,
                    controller, first_folder, workers, l2p=None):
     """Decode this rank's not-yet-done ``items`` with one policy at one setting; append results and traces."""
-    from tracelock.policies import make_policy
     from tracelock.policies.oracle import OraclePolicy
     from tracelock.progress import progress_bar
     from tracelock.text import decode_answer, encode_prompt
@@ -225,12 +237,8 @@ def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, ra
     writer = TraceWriter(folder / "traces", prefix=f"rank{rank}", shard_size=batch_size)
     in_store = stored_ids(folder / "traces")  # every rank's, as the writer has just rewritten its own record
     reference = folder_items(first_folder) if policy.name == "oracle" else None
-    if policy.name == "tracelock":  # loaded once: the controller and encoder come from disk
-        pol = make_policy("tracelock", **{"controller": controller, "model": model, **policy.policy_args})
-    elif policy.name in ("l2p", "l2p-hidden"):  # its filters (one per block size) come from disk
-        pol = make_policy(policy.name, **{"filters": l2p, "model": model, **policy.policy_args})
-    elif policy.name != "oracle":
-        pol = make_policy(policy.name, **policy.policy_args)
+    if policy.name != "oracle":
+        pol = build_policy(policy, model, controller=controller, l2p=l2p)
     sched = schedule_of(policy, setting, schedule)
     bar = progress_bar(total=len(items), initial=len(items) - len(todo), desc=f"{setting.label} {policy.label}")
     for start in range(0, len(todo), batch_size):

@@ -1,0 +1,214 @@
+"""The FastAPI application: OpenAI's ``/v1/models``, ``/v1/completions`` and ``/v1/chat/completions`` (streamed as
+server-sent events with ``stream: true``), plus ``/health`` and ``/metrics``.
+
+Handlers only validate, tokenize and wait: decoding happens on the scheduler's thread, and its results arrive in a
+per-request asyncio queue. A client that disconnects (mid-stream, or while waiting for a whole answer) has its
+request cancelled, which frees its batch slot before the next step.
+
+Responses follow OpenAI's shapes, with three additions: ``choices[i].token_ids`` (the answer's token ids), and in
+``usage``: ``gen_length`` (the generation length ``max_tokens`` was mapped to), ``steps`` (decoding steps of the
+row) and ``policy`` (the policy that decoded it).
+"""
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from tracelock.serve.config import ServeConfig
+from tracelock.serve.protocol import APIError, ChatRequest, CompletionRequest, parse_body
+from tracelock.serve.scheduler import Result, Scheduler, Submission
+
+
+@dataclass
+class ServerState:
+    config: ServeConfig
+    tokenizer: object
+    scheduler: Scheduler
+    metrics: object
+    mask_id: int
+
+
+def _usage(result: Result, policy: str) -> dict:
+    done = len(result.answer.token_ids)
+    return dict(prompt_tokens=result.prompt_tokens, completion_tokens=done, total_tokens=result.prompt_tokens + done,
+                gen_length=result.gen_length, steps=result.steps, policy=policy)
+
+
+class _Endpoint:
+    """What differs between the two generation endpoints: how the prompt is built and how a choice looks."""
+
+    def __init__(self, name: str, request_model: type, object_name: str, chunk_name: str, id_prefix: str):
+        self.name, self.request_model = name, request_model
+        self.object_name, self.chunk_name, self.id_prefix = object_name, chunk_name, id_prefix
+
+    def prompt_ids(self, state: ServerState, request) -> tuple[list, str]:
+        """(token ids, the request field they came from)."""
+        from tracelock.text import encode_text
+
+        tok = state.tokenizer
+        if self.name == "completions":
+            return encode_text(tok, request.prompt), "prompt"
+        if not tok.chat_template:
+            raise APIError(400, "this model has no chat template; use /v1/completions", "messages")
+        messages = [{"role": m.role, "content": m.text} for m in request.messages]
+        try:
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as err:  # the template's own refusal (e.g. roles it does not take)
+            raise APIError(400, f"the chat template refused these messages: {err}", "messages") from None
+        return tok(text, add_special_tokens=False)["input_ids"], "messages"
+
+    def choice(self, answer, delta: str | None = None, finish_reason=None) -> dict:
+        """A whole answer's choice, or a stream chunk's (``delta`` set)."""
+        if self.name == "completions":
+            if delta is None:
+                return dict(index=0, text=answer.text, finish_reason=answer.finish_reason, logprobs=None,
+                            token_ids=answer.token_ids)
+            return dict(index=0, text=delta, finish_reason=finish_reason, logprobs=None)
+        if delta is None:
+            return dict(index=0, message=dict(role="assistant", content=answer.text),
+                        finish_reason=answer.finish_reason, logprobs=None, token_ids=answer.token_ids)
+        return dict(index=0, delta={} if finish_reason else dict(content=delta), finish_reason=finish_reason,
+                    logprobs=None)
+
+
+COMPLETIONS = _Endpoint("completions", CompletionRequest, "text_completion", "text_completion", "cmpl-")
+CHAT = _Endpoint("chat", ChatRequest, "chat.completion", "chat.completion.chunk", "chatcmpl-")
+
+
+def _emitter(loop, queue):
+    """What the decode thread calls with a request's events: a thread-safe put into its queue."""
+    def emit(event):
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+        except RuntimeError:  # the event loop has closed (the server is shutting down): nobody is waiting
+            pass
+    return emit
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone away (the body is read, so the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def create_app(state: ServerState) -> FastAPI:
+    config, metrics = state.config, state.metrics
+    app = FastAPI(title="tracelock", docs_url=None, redoc_url=None, openapi_url=None)
+
+    def error_response(err: APIError, endpoint: str) -> JSONResponse:
+        metrics.inc("requests_total", endpoint=endpoint, outcome="error")
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):  # unknown routes and methods, OpenAI-style
+        return JSONResponse(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                                     type="invalid_request_error").body(), status_code=exc.status_code)
+
+    async def generate(request: Request, endpoint: _Endpoint):
+        try:
+            req = parse_body(endpoint.request_model, await request.body())
+            if req.model != config.model_name:
+                raise APIError(404, f"the model {req.model!r} does not exist; this server serves "
+                                    f"{config.model_name!r}", "model", code="model_not_found")
+            policy = config.policy(req.policy)
+            wanted = req.max_tokens if endpoint.name == "completions" else (req.max_completion_tokens or req.max_tokens)
+            param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
+            max_tokens, gen_length = config.gen_length(policy, wanted, param)
+            prompt, field = endpoint.prompt_ids(state, req)
+            if not prompt:
+                raise APIError(400, f"{field} encodes to no tokens; send some text", field)
+            if state.mask_id in prompt:
+                raise APIError(400, f"{field} contains the mask token (id {state.mask_id}); remove it", field)
+            config.check_prompt(len(prompt), gen_length, field)
+        except APIError as err:
+            return error_response(err, endpoint.name)
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+        sub = Submission(prompt=prompt, setting=config.setting(policy, gen_length, req.temperature, req.seed),
+                         policy=policy, max_tokens=max_tokens, stops=req.stops, stream=req.stream,
+                         emit=_emitter(loop, queue))
+        state.scheduler.submit(sub)
+        head = dict(id=endpoint.id_prefix + sub.id, created=int(time.time()), model=config.model_name)
+        if req.stream:
+            return StreamingResponse(_stream(endpoint, sub, queue, head, policy.label), media_type="text/event-stream")
+        return await _whole(request, endpoint, sub, queue, head, policy.label)
+
+    async def _whole(request, endpoint, sub, queue, head, policy):
+        watcher = asyncio.ensure_future(_disconnected(request))
+        try:
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:  # the client went away: free the slot
+                    getter.cancel()
+                    state.scheduler.cancel(sub)
+                    metrics.inc("requests_total", endpoint=endpoint.name, outcome="cancelled")
+                    return JSONResponse({}, status_code=499)
+                kind, value = getter.result()
+                if kind == "error":
+                    return error_response(value, endpoint.name)
+                if kind == "done":
+                    metrics.inc("requests_total", endpoint=endpoint.name, outcome="ok")
+                    return JSONResponse(dict(head, object=endpoint.object_name, choices=[endpoint.choice(value.answer)],
+                                             usage=_usage(value, policy)))
+        finally:
+            watcher.cancel()
+
+    async def _stream(endpoint, sub, queue, head, policy):
+        def event(choice: dict, **extra) -> str:
+            return f"data: {json.dumps(dict(head, object=endpoint.chunk_name, choices=[choice], **extra))}\n\n"
+
+        finished = False
+        try:
+            if endpoint.name == "chat":  # OpenAI opens a chat stream with the role
+                yield event(dict(index=0, delta=dict(role="assistant", content=""), finish_reason=None,
+                                 logprobs=None))
+            while True:
+                kind, value = await queue.get()
+                if kind == "delta":
+                    yield event(endpoint.choice(None, value))
+                elif kind == "done":
+                    finished = True
+                    metrics.inc("requests_total", endpoint=endpoint.name, outcome="ok")
+                    yield event(endpoint.choice(None, "", value.answer.finish_reason), usage=_usage(value, policy))
+                    yield "data: [DONE]\n\n"
+                    return
+                else:
+                    finished = True
+                    metrics.inc("requests_total", endpoint=endpoint.name, outcome="error")
+                    yield f"data: {json.dumps(value.body())}\n\n"
+                    return
+        finally:
+            if not finished:  # the client went away mid-stream (the response task is cancelled): free the slot
+                state.scheduler.cancel(sub)
+                metrics.inc("requests_total", endpoint=endpoint.name, outcome="cancelled")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, COMPLETIONS)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate(request, CHAT)
+
+    @app.get("/v1/models")
+    async def models():
+        return dict(object="list", data=[dict(id=config.model_name, object="model", created=0, owned_by="tracelock",
+                                              max_model_len=config.max_positions, max_tokens=config.max_tokens,
+                                              policies=[p.label for p in config.policies])])
+
+    @app.get("/health")
+    async def health():
+        if state.scheduler.alive:
+            return dict(status="ok")
+        return JSONResponse(dict(status="error", error=repr(state.scheduler.error)), status_code=503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app

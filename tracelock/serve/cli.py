@@ -1,0 +1,148 @@
+"""`tracelock serve`: the OpenAI-compatible server (`tracelock.serve.app`) on uvicorn.
+
+Uvicorn + FastAPI: a maintained ASGI stack whose streaming responses are cancelled when the client disconnects
+(which is how a dropped stream frees its batch slot), with pydantic (already FastAPI's) for strict request bodies.
+"""
+
+import socket
+from pathlib import Path
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A bound socket (``port`` 0: any free one), so the real port is known before uvicorn starts."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise ValueError(f"--host {host} --port {port}: cannot listen there ({err.strerror}); pick another port "
+                         "(or 0 for any free one)") from None
+    return sock
+
+
+def _gen_lengths(text: str | None):
+    if text is None:
+        return None
+    try:
+        lengths = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"--gen-lengths {text!r} must be comma-separated positive ints, e.g. 64,128,256")
+    return lengths
+
+
+def serve_config(args, max_positions: int):
+    """The `ServeConfig` of the command line (checked before the model loads)."""
+    from tracelock.serve.config import ServeConfig, parse_served_policies
+
+    if args.default_max_tokens is None:
+        args.default_max_tokens = min(128, args.max_tokens)
+    for name in ("max_batch", "max_tokens", "default_max_tokens", "max_engines"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1")
+    if args.default_max_tokens > args.max_tokens:
+        raise ValueError(f"--default-max-tokens {args.default_max_tokens} exceeds --max-tokens {args.max_tokens}")
+    block = args.block if args.block or args.window else 32
+    policies = parse_served_policies(args.policy, block=block, window=args.window, cache=args.cache)
+    name = args.served_model_name or Path(str(args.model)).name
+    return ServeConfig(model_name=name, policies=policies, max_positions=max_positions, max_tokens=args.max_tokens,
+                       default_max_tokens=args.default_max_tokens, max_batch=args.max_batch,
+                       gen_lengths=_gen_lengths(args.gen_lengths))
+
+
+def build_state(args):
+    """Load the model and tokenizer and make the scheduler and config (everything but the HTTP server)."""
+    import torch
+
+    from tracelock.eval.runner import PolicySpec, build_policy
+    from tracelock.models import load_model, load_tokenizer
+    from tracelock.models.loading import resolve_path
+    from tracelock.models.spec import ModelSpec
+    from tracelock.serve.app import ServerState
+    from tracelock.serve.metrics import Metrics
+    from tracelock.serve.scheduler import Scheduler
+
+    serve_config(args, ModelSpec.from_pretrained(resolve_path(args.model)).max_positions)  # bad options: fail now
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = load_model(args.model, dtype=getattr(torch, args.model_dtype), device=args.device)
+    tokenizer = load_tokenizer(args.model)
+    config = serve_config(args, model.spec.max_positions)
+    for p in config.policies:  # a policy that cannot be built (e.g. tracelock without --controller) fails now
+        build_policy(PolicySpec(p.label, p.name, p.args), model, controller=args.controller, l2p=args.l2p)
+    metrics = Metrics(args.max_batch)
+    scheduler = Scheduler(model, tokenizer, max_batch=args.max_batch, metrics=metrics, controller=args.controller,
+                          l2p=args.l2p, compile={None: False, "inductor": True}.get(args.compile, args.compile),
+                          max_engines=args.max_engines)
+    return ServerState(config=config, tokenizer=tokenizer, scheduler=scheduler, metrics=metrics,
+                       mask_id=model.spec.mask_id)
+
+
+def run_serve(args) -> int:
+    try:
+        import uvicorn
+
+        from tracelock.serve.app import create_app
+    except ImportError as err:
+        raise ValueError(f"tracelock serve needs the serve extra ({err.name} is missing): "
+                         "pip install tracelock[serve]") from None
+    sock = _listening_socket(args.host, args.port)
+    state = build_state(args)
+    state.scheduler.start()
+    host, port = sock.getsockname()[:2]
+    print(f"tracelock serve: {state.config.model_name} on http://{args.host}:{port}/v1 "
+          f"(policies {', '.join(p.label for p in state.config.policies)}; max batch {args.max_batch})",
+          flush=True)
+    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level=args.log_level, timeout_graceful_shutdown=5))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        state.scheduler.stop()
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching at step granularity")
+    p.add_argument("--model", required=True, help='checkpoint folder, or "testbed" (the bundled model)')
+    p.add_argument("--served-model-name", help="the model id clients send (default: the folder's name, or testbed)")
+    p.add_argument("--policy", default="threshold:tau=0.9",
+                   help="comma-separated policies a request may choose (its \"policy\" field), the first the default; "
+                        "name[:key=value...] as `tracelock eval --policies`, plus block=N / window=N / cache=... "
+                        "per policy (default: threshold:tau=0.9)")
+    p.add_argument("--controller", help="a `tracelock train --out` folder, for the tracelock policy (default: none)")
+    p.add_argument("--l2p", help="a `tracelock train-l2p --out` folder, for the l2p policies (default: none)")
+    sched = p.add_mutually_exclusive_group()
+    sched.add_argument("--block", type=int, help="semi-AR block length; max_tokens is rounded up to a multiple "
+                                                 "(default 32 when neither --block nor --window is given)")
+    sched.add_argument("--window", type=int, help="soft-crop window width; max_tokens is rounded up to a multiple "
+                                                  "(default: none, blocks)")
+    p.add_argument("--cache", choices=["prefix", "dual"], help="approximate KV cache (default: none)")
+    p.add_argument("--max-batch", type=int, default=16,
+                   help="rows decoding at once over every decode setting together; more requests wait (default 16)")
+    p.add_argument("--max-tokens", type=int, default=256, help="the largest max_tokens a request may ask (default 256)")
+    p.add_argument("--default-max-tokens", type=int,
+                   help="max_tokens of a request that sends none (default: 128, or --max-tokens if lower)")
+    p.add_argument("--gen-lengths",
+                   help="comma-separated generation lengths engines run, e.g. 64,256: a request's max_tokens maps to "
+                        "the shortest that holds it (default: max_tokens rounded up to a multiple of the block / "
+                        "window). Fewer lengths, fuller batches")
+    p.add_argument("--max-engines", type=int, default=8,
+                   help="decode engines kept (one per policy, generation length, temperature and prompt bucket in "
+                        "use); idle ones are dropped beyond it (default 8)")
+    p.add_argument("--model-dtype", default="float32", choices=DTYPES, help="backbone dtype (default float32)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
+    p.add_argument("--compile", nargs="?", const="inductor", choices=["inductor", "cudagraphs"],
+                   help="compile the decode steps: inductor (torch.compile; with CUDA graphs on CUDA) or cudagraphs "
+                        "(CUDA only: the eager steps captured as CUDA graphs, no compile time); the first requests of "
+                        "each setting and row count wait for it (default: eager; --compile alone: inductor)")
+    p.add_argument("--threads", type=int, help="torch threads of the decode thread (default: torch's)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default 8000)")
+    p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level (default warning)")
+    p.set_defaults(func=run_serve)
