@@ -11,6 +11,11 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f} ms" if seconds < 1 else f"{seconds:,.2f} s"
 
 
+def _ms2(seconds: float) -> str:
+    """Two decimals under 10 ms (the loop's per-step times)."""
+    return f"{seconds * 1e3:,.2f} ms" if seconds < 0.01 else _ms(seconds)
+
+
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -94,6 +99,45 @@ def throughput_table(benchmarks: list) -> list:
     return lines if len(lines) > 2 else []
 
 
+PEER_ROWS = ["fastdllm", "tracelock-eager-B1", "tracelock-compiled-B1", "tracelock-eager-B", "tracelock-compiled-B"]
+
+
+def peer_table(benchmarks: list) -> list:
+    """One row per (rule, row) of test_bench_peers.py: time per item, Fast-dLLM / this, steps (NFE for Fast-dLLM),
+    the agreement with tracelock's eager tokens, the first call (compiles for the compiled rows)."""
+    groups = {}
+    for b in _rows(benchmarks, "peer-"):
+        groups.setdefault(b["group"], []).append(b)
+    lines = ["| rule | row | s/item | Fast-dLLM / this | mean steps (NFE) | equal tokens | first call (wall) |",
+             "|---|---|---|---|---|---|---|"]
+    for rows in groups.values():
+        rows.sort(key=lambda b: next(i for i, r in enumerate(PEER_ROWS) if b["extra_info"]["row"].startswith(r)))
+        peer = next((b for b in rows if b["extra_info"]["row"] == "fastdllm"), None)
+        for b in rows:
+            i, t = b["extra_info"], b["stats"]["median"] / b["extra_info"]["items"]
+            ratio = f"{peer['stats']['median'] / peer['extra_info']['items'] / t:.2f}x" if peer else "-"
+            lines.append(f"| {i['rule']} | {i['row']} | {_ms2(t)} | {ratio} | {_fmt(i['mean_steps'], '.1f')} | "
+                         f"{i['agreement']:.1%} | {_ms(i['first_call_seconds'])} |")
+    return lines if len(lines) > 2 else []
+
+
+def loop_table(benchmarks: list) -> list:
+    """The loop's own cost per step (test_bench_loop.py, micro backbone): eager vs compiled per rule and batch."""
+    groups = {}
+    for b in _rows(benchmarks, "loop-micro-"):
+        groups.setdefault(b["group"], {})[b["extra_info"]["loop"]] = b
+    lines = ["| rule | batch | forwards | eager loop per step | compiled per step | eager / compiled |",
+             "|---|---|---|---|---|---|"]
+    for runs in groups.values():
+        eager, compiled = runs.get("eager"), runs.get("compiled")
+        i = (eager or compiled)["extra_info"]
+        per = {k: b["stats"]["median"] / i["forwards"] for k, b in runs.items()}
+        ratio = f"{per['eager'] / per['compiled']:.2f}x" if len(per) == 2 else "-"
+        lines.append(f"| {i['rule']} | {i['items']} | {i['forwards']} | {_ms2(per['eager']) if eager else '-'} | "
+                     f"{_ms2(per['compiled']) if compiled else '-'} | {ratio} |")
+    return lines if len(lines) > 2 else []
+
+
 def main(path: str) -> None:
     data = json.load(open(path))
     benchmarks = data["benchmarks"]
@@ -101,7 +145,8 @@ def main(path: str) -> None:
     print(f"Machine: {info.get('gpu') or info.get('machine')} ({info.get('cpus')} CPUs, {info.get('threads')} "
           f"threads), torch {info.get('torch')}, triton {info.get('triton')}, git {info.get('git')}, "
           f"{data.get('datetime', '')[:10]}\n")
-    for table in (decode_table, step_table, kernel_table, store_table, cache_table, throughput_table):
+    for table in (decode_table, step_table, kernel_table, store_table, cache_table, throughput_table, peer_table,
+                  loop_table):
         lines = table(benchmarks)
         if lines:
             print("\n".join(lines) + "\n")

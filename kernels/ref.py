@@ -157,9 +157,6 @@ def window_logits_stats_ref(hidden: torch.Tensor, weight: torch.Tensor, eos_id: 
     return proposal, max_prob, second_prob, neg_entropy, eos_prob
 
 
-# a pure function of theta: a compiled step (torch.compile) takes its value as a constant instead of tracing the
-# host-side float arithmetic below
-@torch._dynamo.assume_constant_result
 def commit_margin_threshold(theta: float) -> float:
     """The fp32 ``t`` with ``m > t  <=>  sigmoid(m) > theta`` for every fp32 margin ``m`` (sigmoid in exact
     arithmetic): ``logit(theta)`` rounded down to fp32. Deciding on the margin keeps ``exp`` rounding out of the

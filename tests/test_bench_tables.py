@@ -37,6 +37,17 @@ def test_cache_tables_reproduce_the_readme_rows():
         assert row in readme
 
 
+def test_peer_and_loop_tables_reproduce_the_readme_rows():
+    out = _tables("cpu-2core-20261126-213d96a-compile.json")
+    rows = ["| fastdllm-0.9-dual | tracelock-compiled-B1 | 61.2 ms | 1.45x | 21.1 | 100.0% |",
+            "| confidence | tracelock-compiled-B32 | 277.0 ms | 1.78x | 64.0 | 100.0% |",
+            "| fastdllm-dream-0.9-dual | fastdllm | 182.6 ms | 1.00x | - | 94.5% |",
+            "| fastdllm-0.9-dual | 1 | 64 | 0.98 ms | 0.37 ms | 2.68x |"]
+    readme = (ROOT / "bench" / "README.md").read_text()
+    for row in rows:
+        assert row in out and row in readme
+
+
 def test_tables_without_a_file_print_the_usage():
     run = subprocess.run([sys.executable, str(ROOT / "bench" / "tables.py")], capture_output=True, text=True)
     assert run.returncode == 1 and "usage: python bench/tables.py FILE" in run.stderr

@@ -206,6 +206,8 @@ def test_bad_input_names_the_fix(model):
         engine.admit([])
     with pytest.raises(ValueError, match="mask token"):
         engine.admit([1, model.spec.mask_id])
+    with pytest.raises(ValueError, match=f"token {model.spec.vocab_size} is outside this model's vocabulary"):
+        engine.admit([1, model.spec.vocab_size])
     slot = engine.admit([1, 2])
     with pytest.raises(RuntimeError, match="all 1 slots are busy"):
         engine.admit([1, 2])

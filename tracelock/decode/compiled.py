@@ -1,10 +1,11 @@
 """`fused_generate(..., compile=True)`: a batch decoded on a compiled `DecodeEngine`, one slot per row.
 
 The prompts are left-padded to a prompt bucket (`prompt_bucket`), so prompts of similar lengths share the compiled
-graphs; an engine is kept per model and settings (at most `_KEEP` per model) and reused, so a second call with the
-same settings compiles nothing. What a graph cannot express runs the eager loop instead, with a warning that says
-why: classifier-free guidance, an observer (it reads every step on the host), sampling and stochastic policies
-(their draws come from a ``torch.Generator``).
+graphs; an engine is kept per model and settings (at most `_KEEP` per model, the least recently used dropped first;
+`clear_engines` frees them) and reused, so a second call with the same settings compiles nothing. What a graph
+cannot express runs the eager loop instead, with a warning that says why: classifier-free guidance, an observer (it
+reads every step on the host), sampling and stochastic policies (their draws come from a ``torch.Generator``), the
+oracle policy.
 """
 
 import os
@@ -21,7 +22,7 @@ from tracelock.decode.loop import DecodeStats, _gen_lengths
 from tracelock.policies import make_policy
 
 ENV = "TRACELOCK_COMPILE"
-_KEEP = 8
+_KEEP = 4
 _ENGINES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -61,8 +62,11 @@ def eager_reason(policy, policy_args, temperature, cfg_scale, observer) -> str |
 
 
 def _key(policy, policy_args, settings: dict, slots: int, bucket: int) -> tuple:
-    # a policy object is its own key (the engine holds it); a name with its arguments by value
-    who = ("object", id(policy)) if not isinstance(policy, str) else (policy, repr(sorted((policy_args or {}).items())))
+    # a policy object is its own key (the engine holds it); a name with its arguments by value (a module, such as the
+    # backbone a learned policy is checked against, by identity)
+    args = sorted((k, ("object", id(v)) if isinstance(v, torch.nn.Module) else v)
+                  for k, v in (policy_args or {}).items())
+    who = ("object", id(policy)) if not isinstance(policy, str) else (policy, repr(args))
     return who, tuple(sorted(settings.items())), slots, bucket
 
 
@@ -107,6 +111,14 @@ def generate_compiled(model, input_ids, *, attention_mask, policy, policy_args, 
                         refreshes=[0] * B if engine.cache is None else engine.refreshes.tolist(),
                         settings=dict(engine.settings))
     return canvas.x, stats
+
+
+def clear_engines(model=None) -> None:
+    """Drop the kept engines (their graphs and KV-cache buffers) of ``model``, or of every model."""
+    if model is None:
+        _ENGINES.clear()
+    else:
+        _ENGINES.pop(model, None)
 
 
 def warn_eager(reason: str) -> None:

@@ -15,7 +15,8 @@ prompt bucket), a commit region of ``R`` slots, a KV cache of every slot's full 
 
 A row decodes exactly as `fused_generate` decodes its prompt alone with the same settings (tokens, steps, commits
 per step, refreshes; fp32 CPU), tested in tests/test_decode_engine.py. With ``compile=True`` each graph goes
-through ``torch.compile(fullgraph=True)``: inductor on CPU, CUDA graphs (``mode="reduce-overhead"``) on CUDA.
+through ``torch.compile(fullgraph=True)``: inductor on CPU, CUDA graphs (``mode="reduce-overhead"``) on CUDA;
+``compile="cudagraphs"`` (CUDA) captures the uncompiled graphs as CUDA graphs instead.
 
 Fixed per engine: the model, the policy and its arguments, the schedule (gen_length, block / window), the cache and
 its refresh rule, stop_at_eot, idle_steps, temperature and seed, the slot count and the prompt bucket. Per slot: the
@@ -31,12 +32,13 @@ from functools import partial
 import torch
 
 from tracelock import states
-from tracelock.decode.canvas import truncate_after
+from tracelock.decode.canvas import Canvas, truncate_after
 from tracelock.decode.kv_cache import default_refresh_shift, validate_cache
 from tracelock.decode.loop import DecodeStats, _check_options, _fold_taps, _forward, _scatter
 from tracelock.decode.schedule import Schedule
 from tracelock.kernels.ref import (
     apply_commits_ref,
+    commit_margin_threshold,
     commit_step_ref,
     skip_finished_blocks_ref,
     tap_project_ref,
@@ -286,6 +288,9 @@ class DecodeEngine:
         self.compile_mode, self.compiled = compile, bool(compile)
         # the step functions, each called without arguments: ``wrap(method, *args)``
         if compile is True:
+            # a pure function of theta (host-side float arithmetic on CPU tensors): a compiled step takes its value
+            # as a constant (marked here, not where it is defined, so importing the specs never imports dynamo)
+            torch._dynamo.assume_constant_result(commit_margin_threshold)
             backend = backend or "inductor"
             # CUDA graphs on CUDA: a step's kernels replay without a launch each
             mode = "reduce-overhead" if self.device.type == "cuda" and backend == "inductor" else None
@@ -336,6 +341,10 @@ class DecodeEngine:
         if n > self.P:
             raise ValueError(f"the prompt has {n} tokens but this engine's prompt bucket is {self.P}; build an engine "
                              f"with prompt_len=prompt_bucket({n}, ...) for it")
+        outside = (ids < 0) | (ids >= self.spec.vocab_size)
+        if bool(outside.any()):
+            raise ValueError(f"the prompt's token {int(ids[outside][0])} is outside this model's vocabulary [0, "
+                             f"{self.spec.vocab_size}); encode prompts with the checkpoint's own tokenizer")
         if bool((ids == self.spec.mask_id).any()):
             raise ValueError(f"the prompt contains the mask token (id {self.spec.mask_id}); remove it: the decoder "
                              "would treat it as prompt text, not as a position to fill")
@@ -537,8 +546,6 @@ class DecodeEngine:
                 buf.index_copy_(0, target, value.to(buf.dtype))
 
     def _canvas(self, rows):
-        from tracelock.decode.canvas import Canvas
-
         return Canvas(x=self.x[rows], state=self.state[rows], attention_mask=self.attention_mask[rows],
                       prompt_len=self.P, gen_length=self.G)
 
