@@ -140,7 +140,10 @@ def test_hostile_programs_are_contained_and_fail(run_folder, victims, tmp_path, 
             statuses[name], wrong = r.status, []
             if r.passed:
                 wrong.append(f"reported as {r.status}")
-            if fragments is None and r.status != "timeout" or fragments and not any(f in r.stderr for f in fragments):
+            # a loop is stopped by the wall-clock timeout, or by the CPU limit (as many seconds) when a starved
+            # harness reaches its deadline late: either way it is stopped and reported
+            stopped = r.status == "timeout" or r.status == "killed" and "SIGXCPU" in r.stderr
+            if fragments is None and not stopped or fragments and not any(f in r.stderr for f in fragments):
                 wrong.append(f"not blocked as expected: {r.status} {r.stderr[-300:]!r}")
             if secret in r.stdout + r.stderr:
                 wrong.append("the secret leaked")
