@@ -35,6 +35,8 @@ def _curve(points: list, first: int, last: int) -> list:
 
 def provenance(run, *, command: str, machine: str) -> dict:
     """testbed.json's content for a finished run folder; a run that has not finished is an error."""
+    from tracelock.testbed.evaluate import reference_rule  # imports torch, which `testbed-ship --help` need not
+
     run = Path(run)
     state = run / "train_state.json"
     if not state.exists():
@@ -52,8 +54,6 @@ def provenance(run, *, command: str, machine: str) -> dict:
               "LLaDA SFT with Dream's shift (masked, 1/t weighted, the row before a masked position predicts it)")
     phases = (f"steps 0-{ar - 1}: autoregressive (causal mask, next-token loss on the answer); " if ar else "") + \
         f"steps {ar}-{cfg['steps'] - 1}: {masked}" + (", fresh AdamW and schedule" if ar else "")
-    from tracelock.testbed.evaluate import reference_rule
-
     return {
         "command": command,
         "config": cfg,

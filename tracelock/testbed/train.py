@@ -252,8 +252,8 @@ def _load_state(out: Path, model, opt) -> tuple:
     return log["step"], log
 
 
-def _init_spec(cfg: TrainConfig) -> ModelSpec:
-    """The ``init`` checkpoint's spec, checked against the run's family and sizes."""
+def _check_init(cfg: TrainConfig) -> None:
+    """The ``init`` checkpoint must have the run's family and sizes."""
     spec = ModelSpec.from_pretrained(cfg.init)
     ours = dict(family=cfg.family, hidden_size=cfg.d_model, num_layers=cfg.n_layers, num_heads=cfg.n_heads,
                 intermediate_size=cfg.mlp)
@@ -261,14 +261,13 @@ def _init_spec(cfg: TrainConfig) -> ModelSpec:
     if wrong:
         raise ValueError(f"--init {cfg.init} is a checkpoint with {wrong}, but this run asks for "
                          f"{ {k: ours[k] for k in wrong} }; pass the init's family and sizes")
-    return spec
 
 
 def _build(cfg: TrainConfig, out: Path):
     """Tokenizer and config files (fresh run: trained, or the ``init`` checkpoint's) or the existing ones (resume),
     and an initialised model (random, or the ``init`` checkpoint's weights)."""
     if cfg.init is not None:
-        _init_spec(cfg)
+        _check_init(cfg)
     if not (out / "config.json").exists():
         if cfg.init is not None:
             from tracelock.testbed.ship import MODEL_FILES
