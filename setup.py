@@ -115,7 +115,8 @@ setup(
     python_requires=">=3.11",
     packages=[*find_packages(include=["tracelock", "tracelock.*"]), "tracelock.kernels"],
     package_dir={"tracelock.kernels": "kernels"},
-    package_data={"tracelock.kernels": ["README.md"], "tracelock.testbed": ["model/*", "model-dream/*"]},
+    package_data={"tracelock.kernels": ["README.md"],
+                  "tracelock.testbed": ["model/*", "model-dream/*", "controller-llada/*", "controller-dream/*"]},
     install_requires=[
         "torch>=2.11",
         "numpy",

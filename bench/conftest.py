@@ -6,9 +6,10 @@ One backbone per run (the ``target`` fixture):
   first N layers where the whole model does not fit); random prompts, so there is no metric;
 - ``--model-path DIR`` (or ``TRACELOCK_MODEL``): a checkpoint folder, scored on ``--bench-task`` when given.
 
-TraceLock needs a controller: ``--controller RUN`` (a `tracelock train` folder). Otherwise the testbed gets a quick
-one (8 traces, 20 optimiser steps; cached under .pytest_cache), which times like any controller of the paper's
-architecture but is barely trained; other backbones get an untrained one (timing only).
+TraceLock needs a controller: ``--controller RUN`` (a `tracelock train` folder). Otherwise the testbed uses the
+controller shipped with it (``controller="testbed"``); other backbones get an untrained one of the paper's
+architecture (timing only). The trace-store benchmark measures a quick run of the method (8 traces, 20 optimiser
+steps; cached under .pytest_cache).
 """
 
 import hashlib
@@ -197,16 +198,15 @@ def quick_run(request, target) -> Path | None:
 
 
 @pytest.fixture(scope="session")
-def controller(request, target, quick_run) -> tuple:
+def controller(request, target) -> tuple:
     """(TraceLockPolicy, label) for the TraceLock rows."""
     from tracelock.policies.tracelock import TraceLockPolicy
 
     if request.config.getoption("--controller"):
         path = request.config.getoption("--controller")
         return TraceLockPolicy(path), f"controller {Path(path).name}"
-    if quick_run is not None:
-        q = QUICK_CONTROLLER
-        return TraceLockPolicy(quick_run / "ctrl"), f"quick controller ({q['traces']} traces, {q['steps']} steps)"
+    if target.name == "testbed":
+        return TraceLockPolicy("testbed"), "the testbed's shipped controller"
     from tracelock.controller import Controller, ControllerConfig, controller_fingerprint
     from tracelock.features import LinearEncoder, TapEncoder, backbone_fingerprint
 

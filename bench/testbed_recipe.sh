@@ -11,7 +11,9 @@
 #   4. `tracelock frontier` on N_VAL validation items per task at SETTINGS: the reference rule, Fast-dLLM's
 #      threshold, Learn2PD and every controller variant along theta; writes $WORK/frontier/frontier.{json,csv,png}.
 # Environment: MODEL, WORK, N_TRAIN (200), N_VAL (200), SETTINGS (64/16), W (16), DEVICE (cpu), JOBS (1:
-# controller trainings run one at a time; 2 runs two side by side, one torch thread each).
+# controller trainings run one at a time; 2 runs two side by side, one torch thread each), ONLY (the variant names
+# to train and sweep, space-separated; default all), ST_FROM (the variant self-training starts from), THETAS, TAUS,
+# L2P_THRESHOLDS (the frontier's grids). Window traces are collected only when a chosen variant or ST_FROM uses them.
 set -euo pipefail
 MODEL=${MODEL:-testbed}
 WORK=${WORK:?set WORK to the study folder}
@@ -21,33 +23,17 @@ SETTINGS=${SETTINGS:-64/16}
 W=${W:-16}
 DEVICE=${DEVICE:-cpu}
 JOBS=${JOBS:-1}
+ONLY=${ONLY:-}
+ST_FROM=${ST_FROM:-small-2k-conf-win}
+THETAS=${THETAS:-0.5,0.8,0.9,0.95,0.99}
+TAUS=${TAUS:-0.5,0.7,0.8,0.9,0.95,0.99}
+L2P_THRESHOLDS=${L2P_THRESHOLDS:-0.5,0.8,0.9,0.96,0.99}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 mkdir -p "$WORK"
 cd "$WORK"
 say() { printf '[recipe %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-# 1. traces
-collect() {  # out, schedule args...
-  local out=$1; shift
-  say "collect $out"
-  tracelock collect --model "$MODEL" --prompts testbed:math,code --limit "$N_TRAIN" --out "$out" --fraction 0.3 \
-    --confidence --batch-size 50 --device "$DEVICE" "$@" > "$out.log" 2>&1
-}
-collect traces-b8 --block 8
-collect traces-win --window "$W"
-
-# 2. encoder and caches
-if [ ! -f encoder/encoder.json ]; then
-  say "fit-encoder"
-  tracelock fit-encoder --traces traces-b8 --model "$MODEL" --out encoder > encoder.log 2>&1
-fi
-for t in b8 win; do
-  say "featurize $t"
-  tracelock featurize --traces "traces-$t" --model "$MODEL" --encoder encoder --cache-dtype fp16 --out "cache-$t" \
-    > "cache-$t.log" 2>&1
-done
-
-# 3. controllers. The paper's size (width 384, 3 layers) costs as much per step as the 1.3 M-parameter backbone;
+# The controller variants. The paper's size (width 384, 3 layers) costs as much per step as the 1.3 M-parameter backbone;
 # "small" is scaled to the backbone (width 64, 2 layers). Each: name, cache, extra `tracelock train` arguments.
 SMALL="--width 64 --layers 2 --heads 4 --ffn 128"
 VARIANTS=(
@@ -57,8 +43,41 @@ VARIANTS=(
   "small-10k-conf cache-b8 --steps 10000 --eval-every 500 --confidence-input $SMALL"
   "small-2k-conf-win cache-win --steps 2000 --eval-every 250 --confidence-input $SMALL"
 )
+chosen() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
+cache_of() { for v in "${VARIANTS[@]}"; do set -- $v; [ "$1" = "$ST_FROM" ] && echo "$2"; done; }
+needs_win=0
+for v in "${VARIANTS[@]}"; do
+  set -- $v
+  if chosen "$1" && [ "$2" = cache-win ]; then needs_win=1; fi
+done
+[ "$(cache_of)" = cache-win ] && needs_win=1
+
+# 1. traces
+collect() {  # out, schedule args...
+  local out=$1; shift
+  say "collect $out"
+  tracelock collect --model "$MODEL" --prompts testbed:math,code --limit "$N_TRAIN" --out "$out" --fraction 0.3 \
+    --confidence --batch-size 50 --device "$DEVICE" "$@" > "$out.log" 2>&1
+}
+collect traces-b8 --block 8
+if [ "$needs_win" = 1 ]; then collect traces-win --window "$W"; fi
+
+# 2. encoder and caches
+if [ ! -f encoder/encoder.json ]; then
+  say "fit-encoder"
+  tracelock fit-encoder --traces traces-b8 --model "$MODEL" --out encoder > encoder.log 2>&1
+fi
+for t in b8 win; do
+  [ -d "traces-$t" ] || continue
+  say "featurize $t"
+  tracelock featurize --traces "traces-$t" --model "$MODEL" --encoder encoder --cache-dtype fp16 --out "cache-$t" \
+    > "cache-$t.log" 2>&1
+done
+
+# 3. controllers
 train_variant() {
   local name=$1 cache=$2; shift 2
+  chosen "$name" || [ "$name" = "$ST_FROM" ] || return 0
   if [ -f "ctrl-$name/metrics.json" ]; then return; fi
   say "train ctrl-$name"
   local resume=""; [ -f "ctrl-$name/state.json" ] && resume=--resume
@@ -82,22 +101,23 @@ for width in $(printf '%s\n' ${SETTINGS//,/ } | cut -d/ -f2 | sort -un); do
       --device "$DEVICE" > "l2p-$width.log" 2>&1
   fi
 done
-# self-training (TraceLock-ST) from the small window controller with the confidence input: its own deployment traces
+# self-training (TraceLock-ST) from ST_FROM on its own deployment traces, keeping ST_FROM's cache as the original pool
 if [ ! -f st/controller/metrics.json ]; then
-  say "self-train"
-  tracelock self-train --model "$MODEL" --controller ctrl-small-2k-conf-win --cache cache-win --prompts testbed:math,code \
+  say "self-train from ctrl-$ST_FROM"
+  tracelock self-train --model "$MODEL" --controller "ctrl-$ST_FROM" --cache "$(cache_of)" --prompts testbed:math,code \
     --limit "$N_TRAIN" --seed 1 --out st --window "$W" --steps 1000 --device "$DEVICE" > st.log 2>&1
 fi
 
 # 4. the validation frontier
-sweeps=(--sweep "threshold:tau=0.5,0.7,0.8,0.9,0.95,0.99" --sweep "l2p:threshold=0.5,0.8,0.9,0.96,0.99")
+sweeps=(--sweep "threshold:tau=$TAUS" --sweep "l2p:threshold=$L2P_THRESHOLDS")
 for v in "${VARIANTS[@]}"; do
   name=${v%% *}
-  sweeps+=(--sweep "tracelock:theta=0.5,0.8,0.9,0.95,0.99:controller=$PWD/ctrl-$name:curve=TL-$name")
+  chosen "$name" || [ "$name" = "$ST_FROM" ] || continue
+  sweeps+=(--sweep "tracelock:theta=$THETAS:controller=$PWD/ctrl-$name:curve=TL-$name")
 done
-sweeps+=(--sweep "tracelock:theta=0.5,0.8,0.9,0.95,0.99:controller=$PWD/st/controller:curve=TL-ST")
+sweeps+=(--sweep "tracelock:theta=$THETAS:controller=$PWD/st/controller:curve=TL-ST")
 say "frontier (validation)"
 tracelock frontier --model "$MODEL" --tasks testbed:math,testbed:code --split validation --limit "$N_VAL" \
-  --settings "$SETTINGS" --controller "$PWD/ctrl-paper-400" --l2p "$PWD/l2p" --batch-size 50 --workers 1 \
+  --settings "$SETTINGS" --l2p "$PWD/l2p" --batch-size 50 --workers 1 \
   --device "$DEVICE" --out frontier "${sweeps[@]}" > frontier.log 2>&1
 say "done: $WORK/frontier/frontier.json"

@@ -80,12 +80,14 @@ def _add_demo(sub):
     p.add_argument("--batch-size", type=positive_int, default=16, help="items decoded together")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out sample")
     p.add_argument("--tracelock", action="store_true",
-                   help="add TraceLock: train a controller with the whole method (collect, fit-encoder, featurize, "
-                        "train) in --work, or use --controller")
+                   help="add a TraceLock row with the controller shipped with the bundled --model (or --controller)")
+    p.add_argument("--train-controller", action="store_true",
+                   help="add a TraceLock row with a controller trained here by the whole method (collect, "
+                        "fit-encoder, featurize, train) in --work")
     p.add_argument("--work", default="tracelock-demo",
-                   help="folder of the method's traces, encoder, cache and controller (a rerun reuses them)")
-    p.add_argument("--controller", help="a `tracelock train --out` folder to use instead of training one "
-                                        "(default: train one in --work when --tracelock is given)")
+                   help="folder of --train-controller's traces, encoder, cache and controller (a rerun reuses them)")
+    p.add_argument("--controller", help="a `tracelock train --out` folder for the TraceLock row "
+                                        "(default: the bundled model's shipped controller)")
     p.set_defaults(func=_demo)
 
 

@@ -22,6 +22,9 @@ _TESTBED = Path(__file__).resolve().parent.parent / "testbed"
 # names that load a model shipped inside the package: "testbed" is the LLaDA-family model
 BUNDLED = {"testbed": _TESTBED / "model", "testbed-llada": _TESTBED / "model",
            "testbed-dream": _TESTBED / "model-dream"}
+# the trained TraceLock controller shipped with each bundled model (`controller="testbed"` etc.)
+BUNDLED_CONTROLLERS = {"testbed": _TESTBED / "controller-llada", "testbed-llada": _TESTBED / "controller-llada",
+                       "testbed-dream": _TESTBED / "controller-dream"}
 
 
 def resolve_path(path) -> Path:
@@ -33,6 +36,17 @@ def resolve_path(path) -> Path:
             family = "dream" if str(path) == "testbed-dream" else "llada"
             raise CheckpointError(f"the bundled {path!r} model is missing from this install ({folder}); "
                                   f"train it with `tracelock testbed-train --family {family} --out DIR` and load DIR")
+    return folder
+
+
+def resolve_controller(path) -> Path:
+    """A controller run folder, or the shipped controller of a bundled model name ("testbed", "testbed-dream")."""
+    folder = Path(path)
+    if not folder.exists() and str(path) in BUNDLED_CONTROLLERS:
+        folder = BUNDLED_CONTROLLERS[str(path)]
+        if not (folder / "best.safetensors").exists():
+            raise FileNotFoundError(f"the bundled {path!r} controller is missing from this install ({folder}); "
+                                    "train one with `tracelock train` (docs/tracelock.md) and pass its folder")
     return folder
 
 

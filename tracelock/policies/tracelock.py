@@ -36,12 +36,15 @@ def _load(controller, encoder, model):
     """(Controller, encoder) from objects or a run folder holding best.safetensors/.json and encoder.*."""
     from tracelock.controller import Controller, check_fingerprint, controller_fingerprint
     from tracelock.features import load_encoder
+    from tracelock.models.loading import resolve_controller
 
     folder = None
     if isinstance(controller, str | Path):
+        controller = resolve_controller(controller)
         if not Path(controller).exists():
             raise FileNotFoundError(f"controller={str(controller)!r} does not exist; pass a `tracelock train --out` "
-                                    "folder (or its best.safetensors)")
+                                    "folder (or its best.safetensors), or a bundled model's name (testbed, "
+                                    "testbed-dream) for its shipped controller")
         folder = Path(controller) if Path(controller).is_dir() else Path(controller).parent
         if encoder is None:
             encoder = folder
@@ -68,7 +71,8 @@ class TraceLockPolicy(Policy):
 
     Args:
         controller (Controller | str | Path): the controller, or a `tracelock train` run folder (controller and
-            encoder are loaded from it).
+            encoder are loaded from it), or "testbed" / "testbed-dream": the controller shipped with that bundled
+            model.
         encoder (TapEncoder | str | Path, optional): the encoder of the controller's codes; required with a
             Controller object. A linear encoder is folded with the input projection into
             ``h1 @ A1 + h2 @ A2 + h3 @ A3 + c`` (one pass over the taps, inside the backbone forward under

@@ -22,9 +22,17 @@ from tracelock.testbed.tasks import held_out
 
 
 def _demo_controller(args):
-    """The controller of the TraceLock row: ``--controller``, or the one the method pipeline trains in ``--work``."""
+    """The controller of the TraceLock row: ``--controller``; with ``--train-controller``, the one the method
+    pipeline trains in ``--work``; otherwise the controller shipped with the bundled ``--model``."""
+    from tracelock.models.loading import BUNDLED_CONTROLLERS
+
     if args.controller:
         return args.controller
+    if not args.train_controller:
+        if str(args.model) in BUNDLED_CONTROLLERS:
+            return str(args.model)  # the policy resolves the name to the shipped controller
+        raise ValueError(f"--tracelock with --model {args.model}: only the bundled models ship a controller; pass "
+                         "--controller DIR (a `tracelock train --out` folder) or --train-controller to train one")
     from tracelock.testbed.demo_method import train_demo_controller
 
     t0 = time.perf_counter()
@@ -35,7 +43,7 @@ def _demo_controller(args):
 
 def run_demo(args) -> int:
     t0 = time.perf_counter()
-    controller = _demo_controller(args) if args.tracelock or args.controller else None
+    controller = _demo_controller(args) if args.tracelock or args.controller or args.train_controller else None
     model, tokenizer = load_model(args.model), load_tokenizer(args.model)
     block = args.block if args.block or args.window else 16
     width = args.window or block

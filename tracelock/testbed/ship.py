@@ -1,9 +1,11 @@
-"""`tracelock testbed-ship RUN`: a finished `testbed-train` run becomes the bundled model, with its provenance.
+"""`tracelock testbed-ship RUN`: a finished `testbed-train` run becomes the bundled model, with its provenance;
+`tracelock testbed-ship-controller RUN`: a finished `tracelock train` run becomes a bundled model's controller.
 
 The model folder's files are copied as they are; ``testbed.json`` records what made them: the command, the
 configuration, the training time and machine, the loss curve of each phase (the AR warm-up and the masked
 objective measure different losses, so they are kept apart), the in-run probes, and the weights' SHA-256, which a
-reproduction run can be compared against.
+reproduction run can be compared against. A shipped controller keeps its held-out metrics and a ``shipped.json``
+with the commands that made it.
 """
 
 import hashlib
@@ -17,6 +19,7 @@ MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "sp
                "tokenizer.json", "tokenizer_config.json")
 CURVE_EVERY = 100  # steps between the loss points kept in testbed.json
 BUNDLED_MODEL = Path(__file__).parent / "model"
+CONTROLLER_FILES = ("best.json", "best.safetensors", "encoder.json", "encoder.safetensors", "metrics.json")
 
 
 def sha256(path) -> str:
@@ -87,9 +90,31 @@ def ship(run, dest, *, command: str, machine: str, overwrite: bool = False) -> d
     return info
 
 
+def ship_controller(run, dest, *, command: str, machine: str) -> dict:
+    """Copy a finished `tracelock train` run's controller, encoder and held-out metrics into ``dest`` (atomically,
+    file by file) and write ``dest/shipped.json``; a run without metrics.json has not finished and is refused."""
+    run, dest = Path(run), Path(dest)
+    missing = [name for name in CONTROLLER_FILES if not (run / name).exists()]
+    if missing:
+        raise FileNotFoundError(f"{run} lacks {', '.join(missing)}: pass the --out folder of a finished "
+                                "`tracelock train` or `tracelock self-train` (its controller/) run")
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in CONTROLLER_FILES:
+        atomic_write(dest / name, lambda tmp, name=name: shutil.copyfile(run / name, tmp))
+    info = {"command": command, "machine": machine, "metrics": json.loads((run / "metrics.json").read_text()),
+            "best_safetensors_sha256": sha256(dest / "best.safetensors")}
+    atomic_write_json(dest / "shipped.json", info)
+    return info
+
+
 def _run(args):
     info = ship(args.run, args.dest, command=args.command, machine=args.machine, overwrite=args.overwrite)
     print(f"shipped {args.run} -> {args.dest} (model.safetensors sha256 {info['model_safetensors_sha256'][:16]}...)")
+
+
+def _run_controller(args):
+    info = ship_controller(args.run, args.dest, command=args.command, machine=args.machine)
+    print(f"shipped {args.run} -> {args.dest} (best.safetensors sha256 {info['best_safetensors_sha256'][:16]}...)")
 
 
 def add_parsers(sub):
@@ -101,3 +126,13 @@ def add_parsers(sub):
     p.add_argument("--command", required=True, help="the testbed-train command that made the run, for the record")
     p.add_argument("--machine", required=True, help="where it ran (CPU, threads, torch), for the record")
     p.set_defaults(func=_run)
+
+    p = sub.add_parser("testbed-ship-controller",
+                       help="copy a finished `tracelock train` run into a bundled model's controller folder")
+    p.add_argument("run", help="the --out folder of a finished `tracelock train` run (or a self-train's controller/)")
+    p.add_argument("--dest", required=True,
+                   help="folder to write; the bundled models' controllers are "
+                        f"{BUNDLED_MODEL.parent / 'controller-llada'} and {BUNDLED_MODEL.parent / 'controller-dream'}")
+    p.add_argument("--command", required=True, help="the commands that made the run, for the record")
+    p.add_argument("--machine", required=True, help="where it ran (CPU, threads, torch), for the record")
+    p.set_defaults(func=_run_controller)

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The TEST-split frontier of a bundled testbed model: every policy along its knob, after the recipe was chosen on
+# validation (bench/testbed_recipe.sh). Learn2PD's filters for each width of SETTINGS are trained first where the
+# study's l2p/ folder lacks them (training-split traces, as in the study).
+#
+#   MODEL=testbed WORK=runs/recipe-llada CONTROLLER=runs/recipe-llada/ctrl-small-2k-conf \
+#     ST=runs/recipe-llada/st/controller bash bench/testbed_frontier.sh
+#
+# Environment: MODEL, WORK (the study folder: l2p/ is read and completed there), CONTROLLER and ST (TraceLock and
+# TraceLock-ST run folders), OUT ($WORK/frontier-test), LIMIT (300 items per task), SETTINGS (64/16,64/32,128/32),
+# RULE (the family's one-per-step rule: confidence for LLaDA, entropy for Dream), PER_STEP, TAUS, L2P_THRESHOLDS,
+# THETAS (the grids), N_TRAIN (200: Learn2PD's training items), JOBS (2: math and code decoded side by side, one
+# torch thread each; 1: one after the other).
+set -euo pipefail
+MODEL=${MODEL:-testbed}
+WORK=${WORK:?set WORK to the recipe study folder}
+CONTROLLER=${CONTROLLER:?set CONTROLLER to the chosen TraceLock run folder}
+ST=${ST:?set ST to the TraceLock-ST controller folder}
+OUT=${OUT:-$WORK/frontier-test}
+LIMIT=${LIMIT:-300}
+SETTINGS=${SETTINGS:-64/16,64/32,128/32}
+RULE=${RULE:-confidence}
+PER_STEP=${PER_STEP:-1,2,4}
+TAUS=${TAUS:-0.7,0.8,0.9,0.95}
+L2P_THRESHOLDS=${L2P_THRESHOLDS:-0.8,0.9,0.96}
+THETAS=${THETAS:-0.5,0.8,0.9,0.95}
+N_TRAIN=${N_TRAIN:-200}
+JOBS=${JOBS:-2}
+export OMP_NUM_THREADS=1
+CONTROLLER=$(realpath "$CONTROLLER"); ST=$(realpath "$ST"); OUT=$(realpath -m "$OUT")
+cd "$WORK"
+say() { printf '[frontier %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+for width in $(printf '%s\n' ${SETTINGS//,/ } | cut -d/ -f2 | sort -un); do
+  if [ ! -f "l2p/block-$width.json" ]; then
+    say "Learn2PD filter for blocks of $width"
+    tracelock collect --model "$MODEL" --prompts testbed:math,code --limit "$N_TRAIN" --out "l2p-traces-b$width" \
+      --fraction 0.3 --confidence --batch-size 50 --block "$width" --no-filters > "l2p-traces-b$width.log" 2>&1
+    tracelock train-l2p --traces "l2p-traces-b$width" --model "$MODEL" --block "$width" --out l2p \
+      > "l2p-$width.log" 2>&1
+  fi
+done
+
+frontier() {  # tasks
+  tracelock frontier --model "$MODEL" --tasks "$1" --split test --limit "$LIMIT" --settings "$SETTINGS" \
+    --l2p "$PWD/l2p" --batch-size 50 --workers 1 --threads 1 --out "$OUT" \
+    --sweep "$RULE:per_step=$PER_STEP" --sweep "threshold:tau=$TAUS" --sweep "l2p:threshold=$L2P_THRESHOLDS" \
+    --sweep "tracelock:theta=$THETAS:controller=$CONTROLLER:curve=TraceLock" \
+    --sweep "tracelock:theta=$THETAS:controller=$ST:curve=TraceLock-ST"
+}
+say "frontier (test) -> $OUT"
+if [ "$JOBS" -ge 2 ]; then
+  # one process per task, each in its own OUT/<task>/ run folders; the last call only reads them back
+  frontier testbed:math > "$OUT.math.log" 2>&1 &
+  frontier testbed:code > "$OUT.code.log" 2>&1 &
+  wait
+fi
+frontier testbed:math,testbed:code > "$OUT.log" 2>&1
+say "done: $OUT/frontier.json"

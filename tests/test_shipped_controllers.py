@@ -1,0 +1,72 @@
+"""The trained TraceLock controllers shipped with the bundled models: they load by name, decode, and are what
+`tracelock demo --tracelock` uses without training; `testbed-ship-controller` copies a finished run."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import tracelock
+from tracelock.models import loading
+from tracelock.policies.tracelock import TraceLockPolicy
+from tracelock.testbed import held_out
+from tracelock.testbed.ship import CONTROLLER_FILES, sha256
+
+
+@pytest.mark.parametrize("name", ["testbed", "testbed-dream"])
+def test_each_bundled_model_ships_its_trained_controller(name):
+    folder = loading.BUNDLED_CONTROLLERS[name]
+    shipped = json.loads((folder / "shipped.json").read_text())
+    assert shipped["best_safetensors_sha256"] == sha256(folder / "best.safetensors")
+    assert shipped["metrics"] == json.loads((folder / "metrics.json").read_text())
+    # a trained controller, not a placeholder: its held-out positions are ranked far better than chance
+    assert shipped["metrics"]["fixed_crop"]["auroc"] > 0.8
+    model, tok = tracelock.load_model(name), tracelock.load_tokenizer(name)
+    policy = TraceLockPolicy(name, model=model)  # the fingerprints match the bundled backbone
+    ids = tok(held_out("math", "test", 1)[0].prompt, add_special_tokens=False)["input_ids"]
+    tokens, stats = tracelock.fused_generate(model, [ids], policy=policy, gen_length=16, window=8)
+    assert tokens.shape[1] == len(ids) + 16 and 1 <= stats.steps[0] <= 16
+
+
+def test_demo_tracelock_uses_the_shipped_controller_without_training(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "tracelock", "demo", "--tracelock", "--limit", "2", "--tasks", "math",
+                           "--gen-length", "16", "--block", "8", "--work", str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "| TraceLock (window 8) |" in proc.stdout
+    assert "controller ready" not in proc.stdout and not (tmp_path / "work").exists()
+
+
+def test_demo_tracelock_on_another_model_names_the_fix(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "tracelock", "demo", "--tracelock", "--model",
+                           str(loading.BUNDLED["testbed"]), "--limit", "1"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "--controller DIR" in proc.stderr and "--train-controller" in proc.stderr
+
+
+def test_a_missing_bundled_controller_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setitem(loading.BUNDLED_CONTROLLERS, "testbed", tmp_path / "gone")
+    with pytest.raises(FileNotFoundError, match="missing from this install.*tracelock train"):
+        TraceLockPolicy("testbed", model=tracelock.load_model("testbed"))
+
+
+def test_ship_controller_copies_a_finished_run_and_refuses_an_unfinished_one(tmp_path):
+    run, dest = tmp_path / "run", tmp_path / "dest"
+    run.mkdir()
+    source = loading.BUNDLED_CONTROLLERS["testbed"]
+    for name in CONTROLLER_FILES[:-1]:  # no metrics.json yet: training has not finished
+        (run / name).write_bytes((source / name).read_bytes())
+    cmd = [sys.executable, "-m", "tracelock", "testbed-ship-controller", str(run), "--dest", str(dest),
+           "--command", "tracelock train ...", "--machine", "this CPU"]
+    unfinished = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert unfinished.returncode != 0 and "lacks metrics.json" in unfinished.stderr
+    assert "Traceback" not in unfinished.stderr and not dest.exists()
+    (run / "metrics.json").write_bytes((source / "metrics.json").read_bytes())
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert all((dest / name).read_bytes() == (run / name).read_bytes() for name in CONTROLLER_FILES)
+    info = json.loads((dest / "shipped.json").read_text())
+    assert info["command"] == "tracelock train ..." and info["machine"] == "this CPU"
+    assert TraceLockPolicy(dest, model=tracelock.load_model("testbed")) is not None
