@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tracelock.eval.frontier import pareto, parse_sweep, run_frontier, steps_at_accuracy
+from tracelock.eval.frontier import pareto, parse_sweep, run_frontier, steps_at_accuracy, value_at_steps
 from tracelock.eval.runner import Setting
 from tracelock.testbed.train import TrainConfig, train
 
@@ -38,6 +38,7 @@ def test_a_sweep_end_to_end(micro, tmp_path):
     assert all(p["seconds_per_item"] > 0 and p["n"] == 3 and isinstance(p["pareto"], bool)
                for c in d["curves"].values() for p in c)
     assert d["steps_at_reference"]["confidence"] == 16 or d["steps_at_reference"]["confidence"] < 16
+    assert d["seconds_per_item_at_reference"]["confidence"] > 0  # the confidence curve reaches it at the latest at 16
     for name in ("frontier.json", "frontier.csv", "frontier.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert json.loads((tmp_path / "frontier.json").read_text()) == result
@@ -68,9 +69,11 @@ def test_resume_after_a_kill_gives_the_uninterrupted_result(micro, tmp_path):
 
     def without_seconds(folder):
         result = json.loads((folder / "frontier.json").read_text())
-        for c in result["tasks"]["testbed:math"]["16/8"]["curves"].values():
+        d = result["tasks"]["testbed:math"]["16/8"]
+        for c in d["curves"].values():
             for p in c:
                 p.pop("seconds_per_item")
+        d.pop("seconds_per_item_at_reference")
         result.pop("model")
         return result
 
@@ -87,6 +90,13 @@ def test_steps_at_accuracy_interpolates_between_sweep_points():
     # the order of the sweep does not matter, and the first crossing counts (a curve may dip later)
     assert steps_at_accuracy([(64, 0.86), (8, 0.6), (32, 0.7), (16, 0.8)], 0.75) == pytest.approx(14.0)
     assert pareto([(8, 0.6), (16, 0.8), (32, 0.7), (16, 0.8)]) == [True, True, False, True]
+
+
+def test_seconds_per_item_are_read_off_the_curve_at_the_steps_at_reference():
+    seconds = [(32, 0.4), (8, 0.1), (16, 0.2)]
+    assert value_at_steps(seconds, 12.0) == pytest.approx(0.15)
+    assert value_at_steps(seconds, 16) == pytest.approx(0.2) and value_at_steps(seconds, 8) == pytest.approx(0.1)
+    assert value_at_steps(seconds, None) is None and value_at_steps(seconds, 40) is None
 
 
 @pytest.mark.parametrize("sweep, match", [

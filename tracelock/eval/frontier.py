@@ -146,6 +146,18 @@ def steps_at_accuracy(points: list, target: float) -> float | None:
     return None
 
 
+def value_at_steps(points: list, steps: float | None) -> float | None:
+    """The curve through ``points`` [(steps, value)], joined by straight lines in order of steps, read at ``steps``
+    (None for None or outside the points): the seconds per item a policy takes at its steps at the reference."""
+    pts = sorted(points)
+    if steps is None or not pts or not pts[0][0] <= steps <= pts[-1][0]:
+        return None
+    for (s0, v0), (s1, v1) in zip(pts, pts[1:]):
+        if s0 <= steps <= s1:
+            return float(v0 if s1 == s0 else v0 + (steps - s0) * (v1 - v0) / (s1 - s0))
+    return float(pts[0][1])
+
+
 def pareto(points: list) -> list[bool]:
     """For each (steps, metric): no other point has fewer-or-equal steps and a higher-or-equal metric, one strictly."""
     return [not any((s2 <= s and m2 >= m) and (s2 < s or m2 > m) for s2, m2 in points) for s, m in points]
@@ -187,21 +199,24 @@ def summarize_setting(rows: list, sweeps: list, reference: PolicySpec, tolerance
     target = ref_row["metric"] - tolerance
     at_ref = {name: steps_at_accuracy([(p["avg_steps"], p["metric"]) for p in c], target)
               for name, c in curves.items()}
+    seconds = {name: value_at_steps([(p["avg_steps"], p["seconds_per_item"]) for p in c], at_ref[name])
+               for name, c in curves.items()}
     return dict(reference=dict(policy=reference.label, metric=ref_row["metric"], avg_steps=ref_row["avg_steps"]),
-                target=target, curves=curves, steps_at_reference=at_ref)
+                target=target, curves=curves, steps_at_reference=at_ref, seconds_per_item_at_reference=seconds)
 
 
 def _csv(result: dict) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["task", "setting", "curve", "label", "knob", "value", "metric", "avg_steps", "seconds_per_item", "n",
-                "pareto", "steps_at_reference"])
+                "pareto", "steps_at_reference", "seconds_per_item_at_reference"])
     for task, settings in result["tasks"].items():
         for setting, s in settings.items():
             for name, curve in s["curves"].items():
                 for p in curve:
                     w.writerow([task, setting, name, p["label"], p["knob"], p["value"], p["metric"], p["avg_steps"],
-                                p["seconds_per_item"], p["n"], p["pareto"], s["steps_at_reference"][name]])
+                                p["seconds_per_item"], p["n"], p["pareto"], s["steps_at_reference"][name],
+                                s["seconds_per_item_at_reference"][name]])
     return buf.getvalue()
 
 
@@ -274,12 +289,14 @@ def format_summary(result: dict) -> str:
     """The steps-at-reference table: a row per (task, setting), a column per curve."""
     names = list(dict.fromkeys(n for s in result["tasks"].values() for d in s.values() for n in d["curves"]))
     lines = [f"steps at the reference accuracy ({result['reference_rule']} minus "
-             f"{100 * result['tolerance']:g} point), {result['split']} split",
+             f"{100 * result['tolerance']:g} point), {result['split']} split; in brackets seconds per item there",
              "", "| task | setting | reference | " + " | ".join(names) + " |", "|---" * (len(names) + 3) + "|"]
     for task, settings in result["tasks"].items():
         for setting, d in settings.items():
+            seconds = d.get("seconds_per_item_at_reference", {})
             cells = ["not reached" if (v := d["steps_at_reference"].get(n)) is None and n in d["curves"]
-                     else "-" if v is None else f"{v:.1f}" for n in names]
+                     else "-" if v is None else f"{v:.1f} ({seconds[n]:.3f} s)" if seconds.get(n) is not None
+                     else f"{v:.1f}" for n in names]
             ref = d["reference"]
             lines.append(f"| {task} | {setting} | {100 * ref['metric']:.1f}% / {ref['avg_steps']:.1f} | "
                          + " | ".join(cells) + " |")
