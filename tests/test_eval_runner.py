@@ -18,7 +18,7 @@ from tracelock.testing import fresh_controller
 from tracelock.traces.store import iter_traces
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-GSM8K_TEST = Path("/work/shared/data/gsm8k/test.jsonl")
+GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"  # ../shared
 POLICIES = "confidence,confidence:steps=8,tracelock:theta=0.6,oracle"
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
 
@@ -112,6 +112,10 @@ def test_spec_errors(setup, tmp_path):
         make_task("gsm8k")
     with pytest.raises(ValueError, match="needs --controller"):
         run_eval(setup[1], "testbed:math", parse_policies("tracelock"), parse_settings("16/4"), tmp_path, n=2)
+    # a row that names its own controller needs no --controller (the frontier's per-curve controllers)
+    own = parse_policies(f"tracelock:controller={setup[0] / 'controller'}")
+    rows = run_eval(setup[1], "testbed:math", own, parse_settings("16/4"), tmp_path / "own", n=2, workers=1)
+    assert rows[0]["policy"].startswith("tracelock") and rows[0]["n"] == 2
     assert parse_policies("threshold:tau=0.9")[0].args == {"tau": 0.9}
     with pytest.raises(ValueError, match="cache='both' in 'threshold:cache=both' must be prefix or dual"):
         parse_policies("threshold:cache=both")

@@ -7,7 +7,7 @@ import pytest
 
 from tracelock.eval.gsm8k import all_equations_correct, check_equations, extract_answer, is_correct, normalize_number
 
-GSM8K_TEST = Path("/work/shared/data/gsm8k/test.jsonl")
+GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"  # ../shared
 
 
 @pytest.mark.parametrize("text, expected", [

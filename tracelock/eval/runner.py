@@ -365,8 +365,9 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
 
     if schedule not in ("auto", "block", "window"):
         raise ValueError(f"schedule={schedule!r} must be auto, block or window")
-    if any(p.name == "tracelock" for p in policies) and controller is None:
-        raise ValueError("a tracelock policy needs --controller DIR (a `tracelock train --out` folder)")
+    if any(p.name == "tracelock" and "controller" not in p.policy_args for p in policies) and controller is None:
+        raise ValueError("a tracelock policy needs --controller DIR (a `tracelock train --out` folder, or testbed / "
+                         "testbed-dream for a bundled model's shipped controller) or its own controller=DIR")
     if any(p.name in ("l2p", "l2p-hidden") and "filters" not in p.args for p in policies) and l2p is None:
         raise ValueError("an l2p policy needs --l2p DIR (a `tracelock train-l2p --out` folder) or filters=DIR in "
                          "its token")
