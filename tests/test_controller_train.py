@@ -236,6 +236,22 @@ def test_end_to_end_cli_train_then_decode(real_cache, tmp_path, capsys):
     assert "is not the encoder that wrote the cache" in capsys.readouterr().err
 
 
+def test_the_testbed_preset_trains_its_recipe_and_explicit_options_win(real_cache, tmp_path):
+    from tracelock.cli import main
+    from tracelock.train.cli import PRESETS
+
+    _, root = real_cache
+    assert main(["train", "--cache", str(root / "cache"), "--out", str(tmp_path / "run"), "--preset", "testbed",
+                 "--steps", "2", "--eval-every", "1", "--device", "cpu"]) == 0
+    config = json.loads((tmp_path / "run" / "best.json").read_text())
+    preset = PRESETS["testbed"]
+    assert (config["width"], config["layers"], config["heads"], config["ffn"]) == (64, 2, 4, 128)
+    assert config["confidence_input"] and preset["confidence_input"]
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert state["config"]["steps"] == 2 != preset["steps"]  # --steps beats the preset
+    assert state["config"]["batch_size"] == preset["batch_size"]
+
+
 def test_ddp_two_ranks_match_one_process(real_cache, tmp_path):
     """`torchrun --nproc-per-node 2 -m tracelock train` (gloo): each rank half of the global batch gives the weights
     of one process on the whole batch (dropout 0; the difference is fp reassociation of the gradient all-reduce).

@@ -8,7 +8,8 @@ def _train(args):
     from tracelock.train.controller import TrainConfig, train
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
+    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    cfg = TrainConfig(**{**PRESETS[args.preset], **given})  # an option given explicitly beats the preset
     out = train(cfg, resume=args.resume)
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"controller written to {out / 'best.safetensors'}; held-out metrics in {out / 'metrics.json'}")
@@ -21,6 +22,16 @@ DEFAULTS = (("steps", int, 10000), ("batch-size", int, 64), ("lr", float, 1e-4),
             ("k", float, 4.0), ("lambda-tau", float, 1e-3), ("eot-weight", float, 1.0))
 
 
+# named recipes: "paper" is TrainConfig's defaults (the paper's controller for 7-8B backbones); "testbed" is the
+# recipe chosen on the bundled models' validation split (docs/tracelock.md#the-recipe-chosen-on-validation): a
+# controller scaled to the 1.3 M-parameter backbone, with the confidence input
+PRESETS = {
+    "paper": {},
+    "testbed": dict(width=64, layers=2, heads=4, ffn=128, confidence_input=True, steps=2000, eval_every=250,
+                    batch_size=32),
+}
+
+
 def add_parsers(sub):
     p = sub.add_parser("train", help="train the TraceLock controller on a feature cache (DDP under torchrun)")
     p.add_argument("--cache", required=True, help="feature cache folder (`tracelock featurize`)")
@@ -29,6 +40,10 @@ def add_parsers(sub):
                                      "(default: none; then pass the encoder beside the controller when deploying)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its last saved state (starts it when there is none yet)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="paper",
+                   help="paper (default): the paper's controller and schedule; testbed: the recipe chosen for the "
+                        "bundled models (width 64, 2 layers, confidence input, 2000 steps, batch 32); options given "
+                        "explicitly override it")
     for name, kind, default in DEFAULTS:
         p.add_argument("--" + name, type=kind, default=None, help=f"default {default}")
     p.add_argument("--features", choices=["last", "deltas", "hidden", "all"], default=None,
