@@ -201,8 +201,12 @@ def summarize_setting(rows: list, sweeps: list, reference: PolicySpec, tolerance
               for name, c in curves.items()}
     seconds = {name: value_at_steps([(p["avg_steps"], p["seconds_per_item"]) for p in c], at_ref[name])
                for name, c in curves.items()}
+    # where a curve's cheapest point already reaches the target, its true number is that point's steps or fewer
+    at_most = {name: at_ref[name] is not None and at_ref[name] == min(p["avg_steps"] for p in c)
+               for name, c in curves.items()}
     return dict(reference=dict(policy=reference.label, metric=ref_row["metric"], avg_steps=ref_row["avg_steps"]),
-                target=target, curves=curves, steps_at_reference=at_ref, seconds_per_item_at_reference=seconds)
+                target=target, curves=curves, steps_at_reference=at_ref, seconds_per_item_at_reference=seconds,
+                reached_at_cheapest_point=at_most)
 
 
 def _csv(result: dict) -> str:
@@ -289,15 +293,16 @@ def format_summary(result: dict) -> str:
     """The steps-at-reference table: a row per (task, setting), a column per curve."""
     names = list(dict.fromkeys(n for s in result["tasks"].values() for d in s.values() for n in d["curves"]))
     lines = [f"steps at the reference accuracy ({result['reference_rule']} minus "
-             f"{100 * result['tolerance']:g} point), {result['split']} split; in brackets seconds per item there",
+             f"{100 * result['tolerance']:g} point), {result['split']} split; in brackets seconds per item there; "
+             "≤: the curve's cheapest point already reaches it",
              "", "| task | setting | reference | " + " | ".join(names) + " |", "|---" * (len(names) + 3) + "|"]
     for task, settings in result["tasks"].items():
         for setting, d in settings.items():
-            seconds = d.get("seconds_per_item_at_reference", {})
-            cells = ["not reached" if (v := d["steps_at_reference"].get(n)) is None and n in d["curves"]
-                     else "-" if v is None else f"{v:.1f} ({seconds[n]:.3f} s)" if seconds.get(n) is not None
-                     else f"{v:.1f}" for n in names]
             ref = d["reference"]
+            seconds, at_most = d["seconds_per_item_at_reference"], d["reached_at_cheapest_point"]
+            cells = ["not reached" if (v := d["steps_at_reference"].get(n)) is None and n in d["curves"]
+                     else "-" if v is None else ("≤" if at_most[n] and n != ref["policy"].split(":")[0] else "")
+                     + f"{v:.1f} ({seconds[n]:.3f} s)" for n in names]
             lines.append(f"| {task} | {setting} | {100 * ref['metric']:.1f}% / {ref['avg_steps']:.1f} | "
                          + " | ".join(cells) + " |")
     return "\n".join(lines)
