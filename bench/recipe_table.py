@@ -13,7 +13,8 @@ def _cell(d: dict, curve: str) -> str:
     steps = d["steps_at_reference"].get(curve)
     if curve not in d["curves"]:
         return "-"
-    at_most = "≤" if d["reached_at_cheapest_point"][curve] else ""
+    # ≤: the cheapest point of the curve already reaches the target (the reference rule is its own target)
+    at_most = "≤" if d["reached_at_cheapest_point"][curve] and curve != d["reference"]["policy"].split(":")[0] else ""
     return "not reached" if steps is None else f"{at_most}{steps:.1f}"
 
 
