@@ -18,6 +18,7 @@ import csv
 import inspect
 import io
 import json
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -247,9 +248,21 @@ def frontier_figure(result: dict) -> bytes:
     return _png(fig)
 
 
+def _machine(device) -> dict:
+    """Where the points were decoded, so their seconds per item can be read: CPU, threads, GPU, torch."""
+    import os
+    import platform
+
+    import torch
+
+    gpu = torch.cuda.get_device_name() if str(device).startswith("cuda") and torch.cuda.is_available() else None
+    return dict(processor=platform.processor() or platform.machine(), cpus=os.cpu_count(),
+                torch_threads=torch.get_num_threads(), gpu=gpu, torch=torch.__version__)
+
+
 def run_frontier(model, tasks: list, settings: list, sweeps: list, out, *, split="test", limit=None, tolerance=0.01,
                  controller=None, l2p=None, batch_size=32, seed=0, schedule="auto", device="cpu", dtype="float32",
-                 workers=2, progress=None) -> dict:
+                 workers=2, progress=None, command=None) -> dict:
     """Decode every sweep point (and the family's reference rule at one token per step) on each task and setting;
     write ``frontier.json``, ``frontier.csv`` and ``frontier.png`` in ``out``; return the result."""
     from tracelock.eval.runner import run_eval
@@ -265,7 +278,8 @@ def run_frontier(model, tasks: list, settings: list, sweeps: list, out, *, split
     ref_name = REFERENCE_RULE[family]
     out = Path(out)
     result = dict(model=str(model), family=family, split=split, limit=limit, tolerance=tolerance,
-                  reference_rule=f"{ref_name}, one token per step", tasks={})
+                  reference_rule=f"{ref_name}, one token per step", command=command, machine=_machine(device),
+                  tasks={})
     for task in tasks:
         if not task.startswith("testbed:") and split != "test":
             raise ValueError(f"--split {split}: only testbed tasks have a validation split; {task!r} has one set")
@@ -317,7 +331,8 @@ def _run(args) -> int:
                           tolerance=args.tolerance, controller=args.controller, l2p=args.l2p,
                           batch_size=args.batch_size, seed=args.seed, schedule=args.schedule, device=args.device,
                           dtype=args.model_dtype, workers=args.workers,
-                          progress=lambda what: print(f"  {what}", file=sys.stderr, flush=True))
+                          progress=lambda what: print(f"  {what}", file=sys.stderr, flush=True),
+                          command=shlex.join(["tracelock", *sys.argv[1:]]))
     print(format_summary(result))
     print(f"\nfrontier.json, frontier.csv and frontier.png in {args.out}")
     return 0
