@@ -14,6 +14,7 @@ is the fewest mean steps at which that curve reaches the target (`steps_at_accur
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import inspect
 import io
@@ -256,7 +257,11 @@ def _machine(device) -> dict:
     import torch
 
     gpu = torch.cuda.get_device_name() if str(device).startswith("cuda") and torch.cuda.is_available() else None
-    return dict(processor=platform.processor() or platform.machine(), cpus=os.cpu_count(),
+    processor = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):  # Linux names the CPU model here; platform does not
+        names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
+        processor = names[0] if names else processor
+    return dict(processor=processor, cpus=os.cpu_count(),
                 torch_threads=torch.get_num_threads(), gpu=gpu, torch=torch.__version__)
 
 
