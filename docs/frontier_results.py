@@ -1,5 +1,6 @@
-"""Draw docs/frontier.png, the README's picture, and print the README's steps-at-reference table, from the
-test-split frontiers in bench/results/ (`bench/testbed_frontier.sh` on each bundled model).
+"""Draw docs/frontier.png, the README's picture, and print the steps-at-reference tables (docs/frontier.md's, then
+the README's: math / code in one cell), from the test-split frontiers in bench/results/ (`bench/testbed_frontier.sh`
+on each bundled model).
 
     python docs/frontier_results.py [OUT.png]
 
@@ -54,6 +55,20 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def readme_table(result: dict) -> str:
+    """A row per model and setting, each cell "math / code"."""
+    lines = ["| model | setting | one per step | " + " | ".join(NAMES.get(c, c) for c in CURVES) + " |",
+             "|---" * (3 + len(CURVES)) + "|"]
+    for label, _ in MODELS:
+        math, code = (result["tasks"][f"{label} {t}"] for t in ("math", "code"))
+        for setting in math:
+            m, c = math[setting], code[setting]
+            ref = f"{100 * m['reference']['metric']:.0f}% / {100 * c['reference']['metric']:.0f}%"
+            cells = [f"{_cell(m, name)} / {_cell(c, name)}" for name in CURVES]
+            lines.append(f"| {label} | {setting} | {ref} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     from tracelock.eval.frontier import frontier_figure
@@ -61,4 +76,4 @@ if __name__ == "__main__":
     result = merged()
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "frontier.png"
     out.write_bytes(frontier_figure(result))
-    print(table(result))
+    print(table(result) + "\n\n" + readme_table(result))

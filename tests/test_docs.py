@@ -59,3 +59,15 @@ def test_the_readme_picture_is_drawn_from_the_results(tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (ROOT / "docs" / "quality-vs-steps.png").exists()
+
+
+def test_the_frontier_picture_and_tables_are_drawn_from_the_results(tmp_path):
+    out = tmp_path / "frontier.png"
+    done = subprocess.run([sys.executable, str(ROOT / "docs" / "frontier_results.py"), str(out)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (ROOT / "docs" / "frontier.png").exists()
+    detailed, compact = done.stdout.strip().split("\n\n")
+    # the tables in the pages are the script's output, number for number
+    assert detailed in (ROOT / "docs" / "frontier.md").read_text()
+    assert compact in README.read_text()
