@@ -53,21 +53,23 @@ def test_the_readme_python_quick_start_runs_on_the_bundled_model(tmp_path):
     assert shown.strip().rsplit(",", 1)[0] == done.stdout.strip().rsplit(",", 1)[0]
 
 
-def test_the_readme_picture_is_drawn_from_the_results(tmp_path):
-    out = tmp_path / "figure.png"
-    done = subprocess.run([sys.executable, str(ROOT / "docs" / "quality_vs_steps.py"), str(out)], capture_output=True,
-                          text=True, timeout=120)
+def _draw(script: str, out: Path) -> str:
+    """Run a docs/ drawing script into ``out``; its stdout. The picture it draws is a PNG."""
+    done = subprocess.run([sys.executable, str(ROOT / "docs" / script), str(out)], capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (ROOT / "docs" / "quality-vs-steps.png").exists()
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return done.stdout
+
+
+def test_the_quality_picture_is_drawn_from_the_results(tmp_path):
+    _draw("quality_vs_steps.py", tmp_path / "figure.png")
+    assert (ROOT / "docs" / "quality-vs-steps.png").exists()
 
 
 def test_the_frontier_picture_and_tables_are_drawn_from_the_results(tmp_path):
-    out = tmp_path / "frontier.png"
-    done = subprocess.run([sys.executable, str(ROOT / "docs" / "frontier_results.py"), str(out)], capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (ROOT / "docs" / "frontier.png").exists()
-    detailed, compact = done.stdout.strip().split("\n\n")
+    detailed, compact = _draw("frontier_results.py", tmp_path / "frontier.png").strip().split("\n\n")
+    assert (ROOT / "docs" / "frontier.png").exists()
     # the tables in the pages are the script's output, number for number
     assert detailed in (ROOT / "docs" / "frontier.md").read_text()
     assert compact in README.read_text()
