@@ -8,14 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-
-def _cell(d: dict, curve: str) -> str:
-    steps = d["steps_at_reference"].get(curve)
-    if curve not in d["curves"]:
-        return "-"
-    # ≤: the cheapest point of the curve already reaches the target (the reference rule is its own target)
-    at_most = "≤" if d["reached_at_cheapest_point"][curve] and curve != d["reference"]["policy"].split(":")[0] else ""
-    return "not reached" if steps is None else f"{at_most}{steps:.1f}"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tracelock.eval.frontier import steps_cell  # noqa: E402
 
 
 def recipe_table(work: Path) -> str:
@@ -32,7 +26,7 @@ def recipe_table(work: Path) -> str:
         run = work / ("st/controller" if curve == "TL-ST" else "ctrl-" + curve.removeprefix("TL-"))
         metrics = json.loads((run / "metrics.json").read_text())["fixed_crop"] if curve.startswith("TL-") else None
         quality = f"{metrics['auroc']:.3f} | {metrics['f0_5']:.3f}" if metrics else "- | -"
-        lines.append(f"| {curve} | {quality} | " + " | ".join(_cell(d, curve) for _, _, d in panels) + " |")
+        lines.append(f"| {curve} | {quality} | " + " | ".join(steps_cell(d, curve) for _, _, d in panels) + " |")
     return "\n".join(lines)
 
 

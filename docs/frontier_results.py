@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tracelock.eval.frontier import frontier_figure, steps_cell  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 # (model label, frontier.json files: 64/16 and 64/32 at 300 items per task, 128/32 at 100)
 MODELS = [("LLaDA-family", ["frontier-testbed-gen64.json", "frontier-testbed-gen128.json"]),
@@ -34,16 +37,6 @@ def merged() -> dict:
     return out
 
 
-def _cell(d: dict, curve: str) -> str:
-    steps = d["steps_at_reference"].get(curve)
-    if curve not in d["curves"]:
-        return "-"
-    if steps is None:
-        return "not reached"
-    at_most = "≤" if d["reached_at_cheapest_point"][curve] else ""
-    return f"{at_most}{steps:.1f} ({d['seconds_per_item_at_reference'][curve]:.2f} s)"
-
-
 def table(result: dict) -> str:
     lines = ["| model, task | setting | items | one per step | " + " | ".join(NAMES.get(c, c) for c in CURVES) + " |",
              "|---" * (4 + len(CURVES)) + "|"]
@@ -51,7 +44,7 @@ def table(result: dict) -> str:
         for setting, d in settings.items():
             ref = d["reference"]
             lines.append(f"| {task} | {setting} | {d['n']} | {100 * ref['metric']:.1f}% / {ref['avg_steps']:.0f} | "
-                         + " | ".join(_cell(d, c) for c in CURVES) + " |")
+                         + " | ".join(steps_cell(d, c, seconds_digits=2) for c in CURVES) + " |")
     return "\n".join(lines)
 
 
@@ -64,15 +57,12 @@ def readme_table(result: dict) -> str:
         for setting in math:
             m, c = math[setting], code[setting]
             ref = f"{100 * m['reference']['metric']:.0f}% / {100 * c['reference']['metric']:.0f}%"
-            cells = [f"{_cell(m, name)} / {_cell(c, name)}" for name in CURVES]
+            cells = [" / ".join(steps_cell(d, name, seconds_digits=2) for d in (m, c)) for name in CURVES]
             lines.append(f"| {label} | {setting} | {ref} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
-    from tracelock.eval.frontier import frontier_figure
-
     result = merged()
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "frontier.png"
     out.write_bytes(frontier_figure(result))

@@ -308,6 +308,20 @@ def run_frontier(model, tasks: list, settings: list, sweeps: list, out, *, split
     return result
 
 
+def steps_cell(d: dict, curve: str, seconds_digits: int | None = None) -> str:
+    """One curve's steps at the reference in a setting's summary ``d``, as the tables print it: "-" (no such curve),
+    "not reached", or the steps, "≤" first when the curve's cheapest point already reaches the target (never for the
+    reference rule, its own target), with the seconds per item there when ``seconds_digits`` is given."""
+    steps = d["steps_at_reference"].get(curve)
+    if curve not in d["curves"]:
+        return "-"
+    if steps is None:
+        return "not reached"
+    at_most = d["reached_at_cheapest_point"][curve] and curve != d["reference"]["policy"].split(":")[0]
+    seconds = "" if seconds_digits is None else f" ({d['seconds_per_item_at_reference'][curve]:.{seconds_digits}f} s)"
+    return ("≤" if at_most else "") + f"{steps:.1f}" + seconds
+
+
 def format_summary(result: dict) -> str:
     """The steps-at-reference table: a row per (task, setting), a column per curve."""
     names = list(dict.fromkeys(n for s in result["tasks"].values() for d in s.values() for n in d["curves"]))
@@ -318,10 +332,7 @@ def format_summary(result: dict) -> str:
     for task, settings in result["tasks"].items():
         for setting, d in settings.items():
             ref = d["reference"]
-            seconds, at_most = d["seconds_per_item_at_reference"], d["reached_at_cheapest_point"]
-            cells = ["not reached" if (v := d["steps_at_reference"].get(n)) is None and n in d["curves"]
-                     else "-" if v is None else ("≤" if at_most[n] and n != ref["policy"].split(":")[0] else "")
-                     + f"{v:.1f} ({seconds[n]:.3f} s)" for n in names]
+            cells = [steps_cell(d, n, seconds_digits=3) for n in names]
             lines.append(f"| {task} | {setting} | {100 * ref['metric']:.1f}% / {ref['avg_steps']:.1f} | "
                          + " | ".join(cells) + " |")
     return "\n".join(lines)
