@@ -15,7 +15,8 @@ cache (random weights spread the logits: one commit per step, so a block is one 
 and 2; the engine uncompiled, as a CPU has no CUDA graphs; no bandwidth, no sync count), so the script is tested
 without a GPU (tests/test_gpu_decode_script.py). Fast-dLLM's code must be on the device (``--peer-fastdllm DIR``;
 it needs einops); without it the row says why it was skipped.
-Everything lands in ``--out`` as one JSON (atomic write) plus the printed lines.
+Everything lands in ``--out`` as one JSON plus the printed lines; the JSON is rewritten (atomically) after each stage,
+so a run cut off by its time limit keeps the stages it finished.
 
     python bench/gpu_decode.py --out DIR [--dry-run] [--peer-fastdllm DIR] [--inductor]
 """
@@ -208,6 +209,11 @@ def main(argv=None):
     result = dict(shape=label, device=torch.cuda.get_device_name(device) if device.type == "cuda" else
                   platform.processor() or platform.machine(), torch=torch.__version__, settings=settings,
                   batches=list(batches), prompt_length=len(prompts[0]), engine_mode=captured)
+    path = Path(args.out) / ("gpu-decode-dry-run.json" if args.dry_run else "gpu-decode.json")
+
+    def save():
+        atomic_write_text(path, json.dumps(result, indent=2, default=str) + "\n")
+
     result["floor"] = weight_floor(model, device)
     log("floor", result["floor"])
 
@@ -216,6 +222,7 @@ def main(argv=None):
     if floor:
         result["steps_b1"]["cached_over_floor"] = result["steps_b1"]["cached_step_median"] / floor
     log("steps B=1", result["steps_b1"])
+    save()
 
     result["throughput"], tokens_b1 = {}, None
     for B in batches:
@@ -226,6 +233,7 @@ def main(argv=None):
             if B == 1 and mode is None:
                 tokens_b1 = tokens
             log(f"B={B} {name}", row)
+            save()
     if args.inductor and device.type == "cuda":
         row, _ = tokens_per_second(model, prompts[:1], settings, device, True, rounds=1)
         result["throughput"]["B1-engine-inductor"] = row
@@ -234,10 +242,10 @@ def main(argv=None):
     result["syncs"] = {("eager-loop" if m is None else f"engine-{m or 'uncompiled'}"):
                        syncs_per_step(model, prompts[:1], settings, device, m) for m in (None, captured)}
     log("syncs", result["syncs"])
+    save()
     result["fastdllm_dual"] = fastdllm_row(args, model, config, prompts, settings, tokens_b1)
     log("fastdllm", result["fastdllm_dual"])
-    path = Path(args.out) / ("gpu-decode-dry-run.json" if args.dry_run else "gpu-decode.json")
-    atomic_write_text(path, json.dumps(result, indent=2, default=str) + "\n")
+    save()
     log("wrote", path)
     return result
 
