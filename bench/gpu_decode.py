@@ -27,7 +27,6 @@ import platform
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -38,6 +37,7 @@ import peers  # noqa: E402  (bench/peers.py)
 import tracelock  # noqa: E402
 from tracelock.atomic import atomic_write_text  # noqa: E402
 from tracelock.decode.engine import DecodeEngine, prompt_bucket  # noqa: E402
+from tracelock.testing import counting_cuda_syncs  # noqa: E402
 
 # HBM bandwidth of the cards we may get (bytes/s), from NVIDIA's data sheets (SXM)
 BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12}
@@ -155,20 +155,14 @@ def tokens_per_second(model, prompts, settings, device, compile, rounds=2) -> tu
 
 def syncs_per_step(model, prompts, settings, device, compile) -> dict | None:
     """Host syncs per step of one decode (the eager loop for ``compile=None``, else an engine), counted by torch's
-    CUDA sync debug mode (CUDA only)."""
+    CUDA sync debug mode (CUDA only). The count covers the whole decode: an engine's admission and result reads too."""
     if device.type != "cuda":
         return None
     engine = None if compile is None else _engine(model, prompts, settings, compile)
     _decode(model, prompts, settings, engine)  # warm: captures and compiles happen outside the count
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            _, steps, _ = _decode(model, prompts, settings, engine)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    syncs = sum("synchroniz" in str(w.message).lower() for w in caught)
-    return dict(syncs=syncs, steps=max(steps), per_step=syncs / max(steps))
+    with counting_cuda_syncs() as syncs:
+        _, steps, _ = _decode(model, prompts, settings, engine)
+    return dict(syncs=len(syncs), steps=max(steps), per_step=len(syncs) / max(steps))
 
 
 def fastdllm_row(args, model, config, prompts, settings, ours_tokens) -> dict:

@@ -1,6 +1,8 @@
-"""Test helpers shared by tests/ and bench/: the independent HF oracle, the tolerance rules (STYLE.md §6), and
-random prompts for tiny checkpoints."""
+"""Test helpers shared by tests/ and bench/: the independent HF oracle, the tolerance rules (STYLE.md §6),
+random prompts for tiny checkpoints, and a count of host syncs on CUDA."""
 
+import contextlib
+import warnings
 from pathlib import Path
 
 import torch
@@ -167,3 +169,23 @@ def assert_same_decode(got, want, label: str = "") -> None:
     assert stats.steps == ref_stats.steps, f"{label}: steps {stats.steps} != {ref_stats.steps}"
     assert stats.commits_per_step == ref_stats.commits_per_step, label
     assert stats.refreshes == ref_stats.refreshes and stats.gen_lengths == ref_stats.gen_lengths, label
+
+
+# torch's sync debug mode warns once per sync with this text; its one-time notice that the mode is a prototype also
+# mentions synchronization, so matching on "synchroniz" alone counts one sync too many
+_SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+@contextlib.contextmanager
+def counting_cuda_syncs():
+    """Counts the host syncs of the CUDA work inside the ``with`` block (torch's sync debug mode). Yields a list that
+    holds one entry per sync once the block ends."""
+    syncs = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield syncs
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+            syncs.extend(w for w in caught if _SYNC_WARNING in str(w.message))
