@@ -324,6 +324,8 @@ def test_warm_start_continues_from_the_controller(tmp_path):
                  cache=MixedCache(cache, SyntheticCache(traces=6, seed=1), 0.5))
     a, b = Controller.load(first), Controller.load(warm)
     assert a.config.width == b.config.width == 32  # the architecture is the checkpoint's, not the config's
+    state = json.loads((warm / "state.json").read_text())
+    assert state["config"]["width"] == 32 and state["config"]["dropout"] == 0.0  # and so is the record
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), name
     with pytest.raises(ValueError, match="mix_cache and alpha go together"):

@@ -22,7 +22,7 @@ import contextlib
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +42,8 @@ __all__ = ["TrainConfig", "batch_items", "collate", "controller_loss", "crop_len
 _FIXED = ("batch_size", "lr", "weight_decay", "clip", "seed", "val_fraction", "features", "confidence_input",
           "state_embedding", "width", "layers", "heads", "ffn", "dropout", "k", "lambda_tau", "eot_weight", "init",
           "mix_cache", "alpha")
+# the architecture: TrainConfig's fields that ControllerConfig takes (a warm start takes them from its checkpoint)
+_ARCHITECTURE = ("features", "confidence_input", "state_embedding", "width", "layers", "heads", "ffn", "dropout")
 
 
 @dataclass
@@ -75,7 +77,8 @@ class TrainConfig:
     eot_weight: float = 1.0
     encoder: str | None = None
     device: str | None = None
-    # warm start: a controller (run folder or .safetensors) whose architecture and weights the run starts from
+    # warm start: a controller (run folder or .safetensors) whose architecture and weights the run starts from (its
+    # architecture replaces the fields above, in the run's records too)
     init: str | None = None
     # self-training: a second cache mixed in at share alpha (`tracelock.train.mix.MixedCache`)
     mix_cache: str | None = None
@@ -275,7 +278,12 @@ def _train(config: TrainConfig, cache, resume: bool, rank: int, world: int) -> P
                             features=config.features, width=config.width, layers=config.layers, heads=config.heads,
                             ffn=config.ffn, dropout=config.dropout, confidence_input=config.confidence_input,
                             state_embedding=config.state_embedding, fingerprint=_cache_fingerprint(cache))
-    model = Controller(ccfg).to(device) if config.init is None else _warm_start(config.init, ccfg, device)
+    if config.init is None:
+        model = Controller(ccfg).to(device)
+    else:
+        model = _warm_start(config.init, ccfg, device)
+        # it runs the checkpoint's architecture: the run's records say so, not the config's defaults
+        config = replace(config, **{k: getattr(model.config, k) for k in _ARCHITECTURE})
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     info = dict(config=asdict(config), best_f0_5=-1.0, best_step=None, history=[])
     if resume:
