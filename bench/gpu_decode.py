@@ -181,7 +181,7 @@ def fastdllm_row(args, model, config, prompts, settings, ours_tokens) -> dict:
     _sync(model.device)
     seconds = time.perf_counter() - start
     agreement = (canvas[0, -G:].cpu() == ours_tokens[0, -G:].cpu()).float().mean().item()
-    return dict(seconds_per_item=seconds, nfe=int(nfe), agreement=agreement)
+    return dict(seconds_per_item=seconds, nfe=int(nfe), agreement=agreement, peer=peers.fastdllm_version(folder))
 
 
 def main(argv=None):

@@ -11,8 +11,10 @@ that transformers 5 dropped (the standard inverse frequencies are registered und
 Dream generation config's ``validate`` does not take transformers 5's keyword argument (a subclass accepts it).
 """
 
+import hashlib
 import importlib
 import importlib.util
+import subprocess
 import sys
 import types
 from contextlib import contextmanager
@@ -35,6 +37,27 @@ def find_fastdllm(option: str | None) -> tuple[Path | None, str]:
     except ImportError:
         return None, "Fast-dLLM's LLaDA code needs einops: pip install einops"
     return folder, ""
+
+
+def fastdllm_version(folder) -> dict:
+    """Which Fast-dLLM ran, for the result files: the checkout's git commit when it is a git clone, and always the
+    sha256 of the files whose functions run (a copy without git history is identified by them alone)."""
+    folder = Path(folder)
+    out = {}
+    try:
+        git = subprocess.run(["git", "-C", str(folder), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        top, head = (git.stdout.split() + ["", ""])[:2]
+        # only the checkout's own history: a copy inside another repository would name that repository's commit
+        if git.returncode == 0 and Path(top).resolve() == folder.resolve():
+            out["commit"] = head
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    for name in ("llada/generate.py", "llada/model/modeling_llada.py", "dream/model/generation_utils_block.py"):
+        path = folder / name
+        if path.is_file():
+            out[f"sha256:{name}"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
 
 
 @contextmanager

@@ -147,7 +147,7 @@ def _dream_backbone(request, target):
 
 @pytest.mark.parametrize("row", ROWS)
 @pytest.mark.parametrize("rule", _peer_rule_ids())
-def test_peer(request, benchmark, target, machine, races, rule, row):
+def test_peer(request, benchmark, target, machine, races, fastdllm, rule, row):
     race = races(rule)
     n = len(race.prompts)
     if row.startswith("tracelock-compiled") and benchmark.disabled:
@@ -165,6 +165,8 @@ def test_peer(request, benchmark, target, machine, races, rule, row):
             assert steps == want_steps
     row_label = row.replace("Bn", f"B{n}")
     benchmark.group = f"peer-{race.name}-{rule}-B{n}-gen{race.gen_length}-block{race.block}"
+    if row == "fastdllm":
+        benchmark.extra_info["peer"] = peers.fastdllm_version(fastdllm)
     benchmark.extra_info.update(
         machine, rule=rule, row=row_label, items=n, gen_length=race.gen_length, block=race.block,
         agreement=agreement, mean_steps=None if steps[0] is None else sum(steps) / n,

@@ -28,4 +28,5 @@ def test_dry_run(tmp_path):
     peer = saved["fastdllm_dual"]
     if "skipped" not in peer:  # the peer checkout is there: its tokens equal tracelock's (fp32)
         assert peer["agreement"] == 1.0 and peer["nfe"] >= steps["cached_steps"] + steps["refresh_steps"]
+        assert len(peer["peer"]["sha256:llada/generate.py"]) == 64 and "commit" not in peer["peer"]  # a plain copy
     assert result["shape"].startswith("micro-llada")
