@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 from tracelock.eval.frontier import frontier_figure, steps_cell  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-# (model label, frontier.json files: 64/16 and 64/32 at 300 items per task, 128/32 at 100)
+# (model label, frontier.json files: 64/16 and 64/32, then 128/32; 300 test items per task each)
 MODELS = [("LLaDA-family", ["frontier-testbed-gen64.json", "frontier-testbed-gen128.json"]),
           ("Dream-family", ["frontier-testbed-dream-gen64.json", "frontier-testbed-dream-gen128.json"])]
 CURVES = ["threshold", "l2p", "TraceLock", "TraceLock-ST"]  # the table's columns, after the reference rule
