@@ -23,8 +23,8 @@ DEFAULTS = (("steps", int, 10000), ("batch-size", int, 64), ("lr", float, 1e-4),
 
 
 # named recipes: "paper" is TrainConfig's defaults (the paper's controller for 7-8B backbones); "testbed" is the
-# recipe chosen on the bundled models' validation split (docs/tracelock.md#the-recipe-chosen-on-validation): a
-# controller scaled to the 1.3 M-parameter backbone, with the confidence input
+# recipe chosen on the bundled models' validation split (docs/frontier.md, "The recipe"): a controller scaled to the
+# 1.3 M-parameter backbone, with the confidence input
 PRESETS = {
     "paper": {},
     "testbed": dict(width=64, layers=2, heads=4, ffn=128, confidence_input=True, steps=2000, eval_every=250,

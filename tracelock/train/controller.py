@@ -275,9 +275,7 @@ def _train(config: TrainConfig, cache, resume: bool, rank: int, world: int) -> P
 
     torch.manual_seed(config.seed)
     ccfg = ControllerConfig(code_dim=int(cache.code_dim), groups={k: list(v) for k, v in cache.groups.items()},
-                            features=config.features, width=config.width, layers=config.layers, heads=config.heads,
-                            ffn=config.ffn, dropout=config.dropout, confidence_input=config.confidence_input,
-                            state_embedding=config.state_embedding, fingerprint=_cache_fingerprint(cache))
+                            fingerprint=_cache_fingerprint(cache), **{k: getattr(config, k) for k in _ARCHITECTURE})
     if config.init is None:
         model = Controller(ccfg).to(device)
     else:
