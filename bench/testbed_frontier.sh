@@ -7,27 +7,37 @@
 #     ST=runs/recipe-llada/st/controller bash bench/testbed_frontier.sh
 #
 # Environment: MODEL, WORK (the study folder: l2p/ is read and completed there), CONTROLLER and ST (TraceLock and
-# TraceLock-ST run folders), OUT ($WORK/frontier-test), LIMIT (300 items per task), SETTINGS (64/16,64/32,128/32),
-# RULE (the family's one-per-step rule: confidence for LLaDA, entropy for Dream), PER_STEP, TAUS, L2P_THRESHOLDS,
-# THETAS (the grids), N_TRAIN (200: Learn2PD's training items), JOBS (2: math and code decoded side by side, one
-# torch thread each; 1: one after the other).
+# TraceLock-ST run folders), OUT ($WORK/frontier-test), LIMIT (500 items per task, a random draw with SEED, 0),
+# SETTINGS (64/16,64/32,128/32,128/64), PER_STEP, TAUS, L2P_THRESHOLDS, THETAS (the grids), N_TRAIN (200: Learn2PD's
+# training items), JOBS (2: math and code decoded side by side, one torch thread each; 1: one after the other).
+# The family's one-per-step rule (LLaDA: confidence; Dream: neg-entropy, one token per step) is swept along
+# per_step; on a Dream model Fast-dLLM's Dream variant (the block's first token from the refresh) runs beside its
+# LLaDA form. Each run writes records.json (per item) beside frontier.json; `python -m tracelock.eval.matched OUT`
+# prints the verdict (accuracy at matched steps against the strongest heuristic) from them.
 set -euo pipefail
 MODEL=${MODEL:-testbed}
 WORK=${WORK:?set WORK to the recipe study folder}
 CONTROLLER=${CONTROLLER:?set CONTROLLER to the chosen TraceLock run folder}
 ST=${ST:?set ST to the TraceLock-ST controller folder}
 OUT=${OUT:-$WORK/frontier-test}
-LIMIT=${LIMIT:-300}
-SETTINGS=${SETTINGS:-64/16,64/32,128/32}
-RULE=${RULE:-confidence}
+LIMIT=${LIMIT:-500}
+SEED=${SEED:-0}
+SETTINGS=${SETTINGS:-64/16,64/32,128/32,128/64}
 PER_STEP=${PER_STEP:-1,2,4}
-TAUS=${TAUS:-0.7,0.8,0.9,0.95}
+TAUS=${TAUS:-0.5,0.55,0.6,0.65,0.7,0.75,0.8,0.85,0.9,0.95}
 L2P_THRESHOLDS=${L2P_THRESHOLDS:-0.8,0.9,0.96}
-THETAS=${THETAS:-0.5,0.8,0.9,0.95}
+THETAS=${THETAS:-0.3,0.5,0.7,0.8,0.9,0.95,0.99}
 N_TRAIN=${N_TRAIN:-200}
 JOBS=${JOBS:-2}
 export OMP_NUM_THREADS=1
 CONTROLLER=$(realpath "$CONTROLLER"); ST=$(realpath "$ST"); OUT=$(realpath -m "$OUT")
+FAMILY=$(python -c "import sys; from tracelock.eval.frontier import _family; print(_family(sys.argv[1]))" "$MODEL")
+RULE=confidence
+PEERS=()
+if [ "$FAMILY" = dream ]; then
+  RULE=confidence:score=neg_entropy
+  PEERS=(--sweep "threshold:tau=$TAUS:first_token=true:curve=Fast-dLLM (Dream)")
+fi
 cd "$WORK"
 say() { printf '[frontier %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
@@ -42,9 +52,10 @@ for width in $(printf '%s\n' ${SETTINGS//,/ } | cut -d/ -f2 | sort -un); do
 done
 
 frontier() {  # tasks
-  tracelock frontier --model "$MODEL" --tasks "$1" --split test --limit "$LIMIT" --settings "$SETTINGS" \
-    --l2p "$PWD/l2p" --batch-size 50 --workers 1 --threads 1 --out "$OUT" \
-    --sweep "$RULE:per_step=$PER_STEP" --sweep "threshold:tau=$TAUS" --sweep "l2p:threshold=$L2P_THRESHOLDS" \
+  tracelock frontier --model "$MODEL" --tasks "$1" --split test --limit "$LIMIT" --seed "$SEED" \
+    --settings "$SETTINGS" --l2p "$PWD/l2p" --batch-size 50 --workers 1 --threads 1 --out "$OUT" \
+    --sweep "$RULE:per_step=$PER_STEP" --sweep "threshold:tau=$TAUS" "${PEERS[@]}" \
+    --sweep "l2p:threshold=$L2P_THRESHOLDS" \
     --sweep "tracelock:theta=$THETAS:controller=$CONTROLLER:curve=TraceLock" \
     --sweep "tracelock:theta=$THETAS:controller=$ST:curve=TraceLock-ST"
 }

@@ -12,7 +12,8 @@ from tracelock.testing import random_prompts
 
 G = 16
 DETERMINISTIC = [("confidence", {}), ("topk", {"k": 2}), ("maskgit_plus", {}), ("topk_margin", {}),
-                 ("entropy", {}), ("threshold", {"tau": 0.5}), ("factor", {"f": 1.0})]
+                 ("entropy", {}), ("threshold", {"tau": 0.5}), ("factor", {"f": 1.0}),
+                 ("confidence", {"score": "neg_entropy"})]
 
 
 @pytest.fixture(scope="module", params=["llada", "dream"])

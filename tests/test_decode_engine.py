@@ -50,6 +50,7 @@ def policies(model) -> list:
            ("l2p", L2PPolicy(step_l2p_filter(model), filter_block=4), {})]
     if model.spec.family == "dream":
         out.append(("threshold-first-token", "threshold", {"tau": 0.7, "first_token": True}))
+        out.append(("neg-entropy", "confidence", {"score": "neg_entropy"}))
     return out
 
 

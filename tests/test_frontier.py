@@ -47,6 +47,13 @@ def test_a_sweep_end_to_end(micro, tmp_path):
     rows = (tmp_path / "frontier.csv").read_text().splitlines()
     assert len(rows) == 1 + 5 and rows[0].startswith("task,setting,curve,label")
     assert (tmp_path / "frontier.png").read_bytes()[:4] == b"\x89PNG"
+    # per-item records beside it: the ids once, a 0/1 string and the steps of every point, paired by id
+    records = json.loads((tmp_path / "records.json").read_text())["testbed:math"]["16/8"]
+    assert len(records["ids"]) == 3 and len(records["points"]) == 5
+    assert all(len(r["correct"]) == 3 and set(r["correct"]) <= set("01") and len(r["steps"]) == 3
+               for r in records["points"].values())
+    assert records["points"]["confidence:per_step=4"]["steps"] == [4, 4, 4]
+    assert d["matched"] == {}  # heuristics only: nothing to judge
 
 
 def test_resume_after_a_kill_gives_the_uninterrupted_result(micro, tmp_path):
@@ -81,6 +88,30 @@ def test_resume_after_a_kill_gives_the_uninterrupted_result(micro, tmp_path):
         return result
 
     assert without_seconds(cut) == without_seconds(whole)
+
+
+def test_the_verdict_is_recomputed_from_the_records_alone(micro, tmp_path):
+    """A learned curve (here Learn2PD's rule stood in by a titled copy of the threshold's records) is judged against
+    the heuristics from records.json, as `python -m tracelock.eval.matched` does."""
+    from tracelock.eval.frontier import format_matched, recompute_matched
+
+    run_frontier(micro, sweeps=[parse_sweep(s) for s in SWEEPS], out=tmp_path, **ARGS)
+    frontier, records = (json.loads((tmp_path / f).read_text()) for f in ("frontier.json", "records.json"))
+    d, r = frontier["tasks"]["testbed:math"]["16/8"], records["testbed:math"]["16/8"]
+    copy = [dict(p, label=p["label"].replace("threshold", "l2p")) for p in d["curves"]["threshold"]]
+    d["curves"]["l2p"] = copy
+    for p in copy:
+        r["points"][p["label"]] = r["points"][p["label"].replace("l2p", "threshold")]
+    (tmp_path / "frontier.json").write_text(json.dumps(frontier))
+    (tmp_path / "records.json").write_text(json.dumps(records))
+    v = recompute_matched(tmp_path, resamples=50)["tasks"]["testbed:math"]["16/8"]["matched"]
+    assert set(v) == {"l2p"}
+    # a copy of one heuristic is never above the envelope of all of them
+    assert v["l2p"]["gap"] is not None and v["l2p"]["gap"] <= 1e-12
+    out = subprocess.run([sys.executable, "-m", "tracelock.eval.matched", str(tmp_path), "--resamples", "50"],
+                         capture_output=True, text=True, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert "| testbed:math | 16/8 | l2p |" in out.stdout
+    assert format_matched({"tolerance": 0.01, "tasks": {"t": {"s": {"matched": v}}}}).count("| t | s | l2p |") == 1
 
 
 def test_steps_at_accuracy_interpolates_between_sweep_points():

@@ -256,6 +256,8 @@ def test_policy_registry():
         ("threshold", {"tau": 0.0}, ValueError, r"tau=0.0 must lie in \(0, 1\]"),
         ("threshold", {"tau": 1.5}, ValueError, "tau=1.5"),
         ("confidence", {"steps": 0}, ValueError, "steps=0 must be a positive int"),
+        ("confidence", {"score": "entropy"}, ValueError, "score='entropy' is not a certainty score; choose one of "
+                                                         "confidence, margin, neg_entropy"),
         ("entropy", {"steps": -4}, ValueError, "steps=-4"),
         ("topk", {"k": 0}, ValueError, "k=0"),
         ("factor", {"f": -1.0}, ValueError, "f=-1.0"),

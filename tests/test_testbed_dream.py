@@ -124,13 +124,26 @@ def test_family_is_checked(tmp_path):
 
 def test_dream_tables_use_dreams_rules():
     rows = baseline_policies(64, "dream")
-    assert rows[0] == ("entropy 1/step", "entropy", {})
+    # the reference: the paper's native Dream baseline, exactly one token per step by neg-entropy
+    assert rows[0] == ("neg-entropy 1/step", "confidence", {"score": "neg_entropy"})
+    assert rows[1] == ("neg-entropy 2/step", "confidence", {"score": "neg_entropy", "steps": 32})
     names = {name for _, name, _ in rows}
     assert {"entropy", "maskgit_plus", "topk_margin", "threshold", "random"} <= names
     assert ("threshold 0.9 (Dream variant)", "threshold", {"tau": 0.9, "first_token": True}) in rows
-    assert {r[0] for r in demo_policies(64, "dream")} >= {"entropy 1/step", "maskgit_plus 1/step",
-                                                         "topk_margin 1/step", "threshold 0.9 (Dream variant)"}
+    assert {r[0] for r in demo_policies(64, "dream")} >= {"neg-entropy 1/step", "entropy 1/step (Dream's schedule)",
+                                                         "threshold 0.9 (Dream variant)"}
     assert baseline_policies(64)[0] == ("confidence 1/step", "confidence", {})
+
+
+def test_dream_reference_commits_one_per_step_where_dreams_schedule_does_not():
+    """Why the Dream reference is not Dream's ``entropy`` rule: its truncated count int(n (1 - s/t)) commits nothing
+    at a block's first step and two slots at its last; the reference commits exactly one at every step."""
+    dream_model, prompt = tracelock.load_model("testbed-dream"), [[5, 6, 7, 8]]
+    _, ours = tracelock.fused_generate(dream_model, prompt, policy="confidence", policy_args={"score": "neg_entropy"},
+                             gen_length=16, block=8)
+    _, dreams = tracelock.fused_generate(dream_model, prompt, policy="entropy", gen_length=16, block=8)
+    assert ours.commits_per_step[0] == [1] * 16
+    assert dreams.commits_per_step[0] == ([0] + [1] * 6 + [2]) * 2
 
 
 def test_bundled_names(monkeypatch, tmp_path):

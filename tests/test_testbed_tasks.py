@@ -188,10 +188,41 @@ def test_eval_task_spec_picks_the_split():
     from tracelock.testbed.tasks import split_of
 
     test, val = make_task("testbed:math").items(5), make_task("testbed:math@validation").items(5)
-    assert [it.id for it in test] == [f"math:test:0:{i}" for i in range(5)]
-    assert [it.id for it in val] == [f"math:validation:0:{i}" for i in range(5)]
+    # ids are places in the split's pool, so two draws pair by id
+    assert all(re.fullmatch(r"math:test:\d+", it.id) for it in test)
+    assert all(re.fullmatch(r"math:validation:\d+", it.id) for it in val)
     assert {split_of(it.reference.key) for it in val} == {"validation"}
     assert {split_of(it.reference.key) for it in test} == {"test"}
     assert make_task("testbed:code@validation").name == "testbed:code@validation"
     with pytest.raises(ValueError, match="testbed:math@validation"):
         make_task("testbed:math@train")
+
+
+def test_a_draw_is_random_seeded_and_paired_by_pool_place():
+    from tracelock.testbed.tasks import POOL, draw, held_out
+
+    pool = held_out("code", "test", POOL)
+    a, b = draw("code", "test", 50, seed=1), draw("code", "test", 50, seed=2)
+    assert a == draw("code", "test", 50, seed=1) and a != b
+    assert all(pool[i] == ex for i, ex in a + b)  # an item is its pool place, whatever the draw
+    places = [i for i, _ in a]
+    assert len(set(places)) == 50 and places != sorted(places) and max(places) > 500  # not the first 50
+    # a larger draw is not a longer prefix of the pool: its mix does not drift with n
+    assert max(i for i, _ in draw("code", "test", 500, seed=1)) > 1500
+    for bad in (0, POOL + 1, True):
+        with pytest.raises(ValueError, match=f"n={bad!r}: a draw takes 1 to {POOL}"):
+            draw("code", "test", bad)
+
+
+def test_file_tasks_draw_at_random_too(tmp_path):
+    import json
+
+    from tracelock.eval.tasks import make_task
+
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text("".join(json.dumps({"question": f"q{i}", "answer": f"#### {i}"}) + "\n" for i in range(100)))
+    ids = [it.id for it in make_task(f"gsm8k:{path}", seed=3).items(10)]
+    assert len(set(ids)) == 10 and ids != [f"gsm8k:{i}" for i in range(10)]
+    assert ids == [it.id for it in make_task(f"gsm8k:{path}", seed=3).items(10)]
+    assert ids != [it.id for it in make_task(f"gsm8k:{path}", seed=4).items(10)]
+    assert len(make_task(f"gsm8k:{path}").items(None)) == 100

@@ -102,16 +102,17 @@ def _add_testbed_eval(sub):
     p.add_argument("--model", default="testbed", help="checkpoint folder (default: the bundled testbed model)")
     p.add_argument("--tasks", default="testbed:math,testbed:code",
                    help="comma-separated testbed tasks: testbed:math, testbed:code (math,code also accepted)")
-    add_limit(p, default=300, help="held-out items per task", old=("--n",))
+    add_limit(p, default=300, help="held-out items per task, drawn at random from the test split's pool of 2000",
+              old=("--n",))
     p.add_argument("--settings", default="64/16,64/32,128/16,128/32", help="comma-separated GEN/WIDTH pairs")
     p.add_argument("--schedule", choices=["block", "window"], default="block", help="semi-AR blocks or a window")
     p.add_argument("--batch-size", type=positive_int, default=100, help="items decoded together")
-    p.add_argument("--seed", type=int, default=0, help="seed of the held-out sample")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random draw of held-out items")
     p.add_argument("--policies", help="comma-separated policy specs name[:key=value...], e.g. "
-                                      "confidence,threshold:tau=0.9 (default: every row: confidence with 1, 2 and 4 "
-                                      "tokens per step, threshold 0.9/0.7/0.5, random); the rows' labels "
-                                      '("threshold 0.9") are accepted too, deprecated. "confidence" (1/step) always '
-                                      "runs, as the oracle replays it")
+                                      "confidence,threshold:tau=0.9 (default: every row: the family's reference "
+                                      "rule with 1, 2 and 4 tokens per step, threshold 0.9/0.7/0.5, random, and "
+                                      "Dream's rules on a Dream model); the rows' labels ('threshold 0.9') are accepted too, "
+                                      "deprecated. The reference at 1/step always runs, as the oracle replays it")
     p.add_argument("--device", default="cpu", help="where the model decodes: cpu or cuda[:i]")
     p.add_argument("--workers", type=positive_int, default=2, help="sandbox processes that run the code answers' "
                                                                    "tests")

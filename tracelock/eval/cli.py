@@ -38,7 +38,7 @@ def add_run_arguments(p) -> None:
     from tracelock.cli_common import add_model_dtype, positive_int
 
     p.add_argument("--batch-size", type=positive_int, default=32, help="items decoded together")
-    p.add_argument("--seed", type=int, default=0, help="seed of the items' order (testbed) and of sampling")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random draw of items (--limit) and of sampling")
     p.add_argument("--workers", type=positive_int, default=2, help="sandbox processes for code scoring")
     add_model_dtype(p)
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (under torchrun: cuda:LOCAL_RANK)")
@@ -66,7 +66,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--schedule", default="auto", choices=["auto", "block", "window"],
                    help="auto: tracelock in a sliding window, the others in semi-AR blocks (the paper's protocol)")
     p.add_argument("--limit", type=positive_int, metavar="N",
-                   help="the task's first N items (required for testbed tasks; default: every item of a file task)")
+                   help="N of the task's items drawn at random with --seed (required for testbed tasks; default: every "
+                        "item of a file task)")
     p.add_argument("--out", required=True, help="run folder (re-running with the same arguments resumes)")
     p.add_argument("--judge-url", help="qa: an OpenAI-compatible server's base URL, e.g. http://127.0.0.1:8000/v1 "
                                        "(API key, if any, from $TRACELOCK_JUDGE_API_KEY; default: no judge)")

@@ -34,14 +34,16 @@ DEFAULT_SWEEPS = {
     "maskgit_plus": ("per_step", (1, 2, 4, 8)),
     "topk_margin": ("per_step", (1, 2, 4, 8)),
     "random": ("per_step", (1, 2, 4)),
-    "threshold": ("tau", (0.5, 0.7, 0.8, 0.9, 0.95, 0.99)),
+    "threshold": ("tau", (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)),
     "factor": ("f", (0.5, 1.0, 2.0, 4.0)),
     "l2p": ("threshold", (0.5, 0.8, 0.9, 0.96, 0.99)),
-    "tracelock": ("theta", (0.5, 0.8, 0.9, 0.95, 0.99)),
+    "tracelock": ("theta", (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)),
 }
 # the schedule rules: `per_step` tokens per step is their `steps` argument at each generation length
 PER_STEP_POLICIES = ("confidence", "entropy", "maskgit_plus", "topk_margin", "random", "origin")
-REFERENCE_RULE = {"llada": "confidence", "dream": "entropy"}
+# the family's own rule at one token per step (`tracelock.testbed.evaluate.reference_rule`): for Dream the paper's
+# native baseline, one token per step by neg-entropy (Dream's `entropy` commits 0, 1, ..., 1, 2 per block)
+REFERENCE_RULE = {"llada": ("confidence", {}), "dream": ("confidence", {"score": "neg_entropy"})}
 SPLITS = ("test", "validation")
 
 
@@ -165,6 +167,34 @@ def pareto(points: list) -> list[bool]:
     return [not any((s2 <= s and m2 >= m) and (s2 < s or m2 > m) for s2, m2 in points) for s, m in points]
 
 
+def setting_records(runs: Path, policies: list) -> dict:
+    """The compact per-item record of one setting's points: the item ids once, and per point label a string of
+    0/1 (correct) and the list of steps, in id order, so any two points pair item by item."""
+    from tracelock.eval.runner import folder_items
+
+    per_point = {p.label: folder_items(runs / p.slug) for p in policies}
+    ids = sorted(set.intersection(*(set(r) for r in per_point.values())))
+    return dict(ids=ids, points={label: dict(correct="".join("1" if r[i]["correct"] else "0" for i in ids),
+                                              steps=[r[i]["steps"] for i in ids])
+                                 for label, r in per_point.items()})
+
+
+def matched_from_records(records: dict, curves: dict, *, tolerance: float = 0.01, resamples: int = 1000) -> dict:
+    """`tracelock.eval.matched.matched_table` of one setting: every learned curve against the strongest heuristic,
+    from the points' per-item ``records`` (`setting_records`) and the curves' point labels."""
+    from tracelock.eval.matched import HEURISTICS, Curve, matched_table
+
+    built, heuristic = {}, set()
+    for name, points in curves.items():
+        labels = [p["label"] for p in points if p["label"] in records["points"]]
+        if labels:
+            built[name] = Curve(name, [[c == "1" for c in records["points"][lb]["correct"]] for lb in labels],
+                                [records["points"][lb]["steps"] for lb in labels], labels)
+            if labels[0].split(":")[0] in HEURISTICS:  # a point's label starts with its policy's name
+                heuristic.add(name)
+    return matched_table(built, heuristic, tolerance=tolerance, resamples=resamples)
+
+
 def _family(model_path) -> str:
     from tracelock.models.loading import resolve_path
     from tracelock.models.spec import ModelSpec
@@ -172,12 +202,18 @@ def _family(model_path) -> str:
     return ModelSpec.from_pretrained(resolve_path(model_path)).family
 
 
+def reference_sweep(name: str, args: dict) -> Sweep:
+    """The one-point sweep of the reference rule (``args``: its fixed arguments; a ``steps`` among them is the
+    point's own)."""
+    return Sweep(name, "per_step", (1,), {k: v for k, v in args.items() if k != "steps"})
+
+
 def frontier_points(rows: list, sweeps: list, reference: PolicySpec) -> dict:
     """{policy name: [point]} from eval summary rows (one setting), each point with its knob value, metric, steps,
     seconds per item and Pareto flag (over all points of the setting)."""
     by_label = {r["policy"]: r for r in rows}
     curves = {}
-    for sw in [Sweep(reference.name, "per_step", (1,), {})] + sweeps:
+    for sw in [reference_sweep(reference.name, reference.args)] + sweeps:
         for value in sw.values:
             row = by_label.get(sw.label(value))
             if row is None:
@@ -280,11 +316,12 @@ def run_frontier(model, tasks: list, settings: list, sweeps: list, out, *, split
     if not tasks:
         raise ValueError("--tasks names no task; e.g. --tasks testbed:math,testbed:code")
     family = _family(model)
-    ref_name = REFERENCE_RULE[family]
+    ref_name, ref_args = REFERENCE_RULE[family]
     out = Path(out)
+    records = {}
     result = dict(model=str(model), family=family, split=split, limit=limit, tolerance=tolerance,
-                  reference_rule=f"{ref_name}, one token per step", command=command, machine=_machine(device),
-                  tasks={})
+                  reference_rule=reference_sweep(ref_name, ref_args).curve + ", one token per step", command=command,
+                  machine=_machine(device), tasks={})
     for task in tasks:
         if not task.startswith("testbed:") and split != "test":
             raise ValueError(f"--split {split}: only testbed tasks have a validation split; {task!r} has one set")
@@ -292,15 +329,20 @@ def run_frontier(model, tasks: list, settings: list, sweeps: list, out, *, split
             raise ValueError(f"--tasks {task!r}: give the split with --split, not in the task name")
         spec = task if split == "test" else f"{task}@{split}"
         for setting in settings:
-            reference = Sweep(ref_name, "per_step", (1,), {}).points(setting)[0]
+            reference = reference_sweep(ref_name, ref_args).points(setting)[0]
             policies = [reference] + [p for sw in sweeps for p in sw.points(setting) if p.label != reference.label]
             if progress:
                 progress(f"{spec} {setting.label}: {len(policies)} points")
-            rows = run_eval(model, spec, policies, [setting], out / slug(task) / setting.slug, n=limit, seed=seed,
+            folder = out / slug(task) / setting.slug
+            rows = run_eval(model, spec, policies, [setting], folder, n=limit, seed=seed,
                             batch_size=batch_size, schedule=schedule, controller=controller, l2p=l2p, device=device,
                             dtype=dtype, workers=workers, progress=progress)
-            result["tasks"].setdefault(task, {})[setting.label] = summarize_setting(rows, sweeps, reference,
-                                                                                   tolerance)
+            summary = summarize_setting(rows, sweeps, reference, tolerance)
+            recs = setting_records(folder / "runs" / setting.slug, policies)
+            records.setdefault(task, {})[setting.label] = recs
+            summary["matched"] = matched_from_records(recs, summary["curves"], tolerance=tolerance)
+            result["tasks"].setdefault(task, {})[setting.label] = summary
+    atomic_write_json(out / "records.json", records)
     atomic_write_json(out / "frontier.json", result)
     atomic_write_text(out / "frontier.csv", _csv(result))
     png = frontier_figure(result)
@@ -338,6 +380,47 @@ def format_summary(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _interval_cell(value, interval, scale=1.0, digits=1, sign=False) -> str:
+    if value is None:
+        return "n/a"
+    fmt = f"{{:{'+' if sign else ''}.{digits}f}}"
+    lo, hi = (fmt.format(b * scale) if b is not None else "never" for b in interval)
+    return f"{fmt.format(value * scale)} [{lo}, {hi}]"
+
+
+def format_matched(result: dict) -> str:
+    """The verdict table: every learned curve against the strongest heuristic, gap at matched steps (points) and
+    steps to the heuristics' best accuracy minus the tolerance, each with its 90% paired bootstrap interval."""
+    lines = ["accuracy gap at matched steps against the strongest heuristic (points, 90% paired bootstrap interval); "
+             "steps to the heuristics' best accuracy minus "
+             f"{100 * result['tolerance']:g} point (the heuristics' own in brackets after)",
+             "", "| task | setting | curve | gap at matched steps | P(gap > 0) | target | steps to target | "
+                 "heuristics |", "|---|---|---|---|---|---|---|---|"]
+    for task, settings in result["tasks"].items():
+        for setting, d in settings.items():
+            for curve, v in d.get("matched", {}).items():
+                heur = "not reached" if v["heuristic_steps_to_target"] is None else \
+                    f"{v['heuristic_steps_to_target']:.1f}"
+                steps = ("not reached" if v["steps_to_target"] is None else
+                         _interval_cell(v["steps_to_target"], v["steps_to_target_interval"]))
+                lines.append(f"| {task} | {setting} | {curve} | "
+                             f"{_interval_cell(v['gap'], v['gap_interval'], 100, sign=True)} | "
+                             f"{v['gap_above_zero']:.2f} | {100 * v['target']:.1f}% | {steps} | {heur} |")
+    return "\n".join(lines)
+
+
+def recompute_matched(folder, *, resamples: int = 1000) -> dict:
+    """frontier.json of ``folder`` with its verdict recomputed from the records beside it (records.json)."""
+    folder = Path(folder)
+    result = json.loads((folder / "frontier.json").read_text())
+    records = json.loads((folder / "records.json").read_text())
+    for task, settings in result["tasks"].items():
+        for setting, d in settings.items():
+            d["matched"] = matched_from_records(records[task][setting], d["curves"], tolerance=result["tolerance"],
+                                                resamples=resamples)
+    return result
+
+
 def _run(args) -> int:
     from tracelock.cli_common import split_tasks
 
@@ -350,7 +433,8 @@ def _run(args) -> int:
                           progress=lambda what: print(f"  {what}", file=sys.stderr, flush=True),
                           command=shlex.join(["tracelock", *sys.argv[1:]]))
     print(format_summary(result))
-    print(f"\nfrontier.json, frontier.csv and frontier.png in {args.out}")
+    print("\n" + format_matched(result))
+    print(f"\nfrontier.json, records.json (per item), frontier.csv and frontier.png in {args.out}")
     return 0
 
 
@@ -363,7 +447,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--tasks", required=True, help="comma-separated eval task names, e.g. testbed:math,testbed:code")
     p.add_argument("--split", default="test", choices=SPLITS,
                    help="held-out split of the testbed tasks (default: test; choose settings on validation)")
-    add_limit(p, help="the first N items of each task (default: all; testbed tasks need it)")
+    add_limit(p, help="N items of each task drawn at random with --seed (default: all; testbed tasks need it)")
     p.add_argument("--settings", default="64/16", help="GEN/WIDTH comma-separated (default: 64/16)")
     p.add_argument("--sweep", action="append", default=None, metavar="NAME[:KNOB=V1,V2,...][:KEY=VALUE...]",
                    help="a policy and the values of its knob, repeatable, e.g. --sweep threshold:tau=0.7,0.9 "
@@ -378,7 +462,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--schedule", default="auto", choices=["auto", "block", "window"],
                    help="auto (default): tracelock in a sliding window of WIDTH, the others in blocks of WIDTH")
     p.add_argument("--batch-size", type=positive_int, default=32, help="items decoded together (default: 32)")
-    p.add_argument("--seed", type=int, default=0, help="default: 0")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random draw of items (default: 0)")
     p.add_argument("--workers", type=int, default=2, help="sandbox processes for code scoring (default: 2)")
     add_model_dtype(p, old=())
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")

@@ -351,7 +351,8 @@ def _check_manifest(out: Path, manifest: dict) -> None:
 def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *, n=None, seed=0, batch_size=32,
              schedule="auto", controller=None, l2p=None, rank=0, world_size=1, dtype="float32", device="cpu",
              workers=2, judge=None, progress=None) -> list | None:
-    """Decode ``task_spec``'s first ``n`` items with every policy at every setting into ``out``.
+    """Decode ``n`` of ``task_spec``'s items (a random draw with ``seed``) with every policy at every setting into
+    ``out``.
 
     Returns the summary rows on rank 0 (None elsewhere). A judged task (QA) is ranked by ``judge`` (a
     `tracelock.eval.judge.Judge`, see `tracelock.eval.judging`) on rank 0 after decoding; without one its rows

@@ -49,10 +49,11 @@ class Task(abc.ABC):
     name: str
     metric_name: str = "accuracy"
     judged: bool = False
+    seed: int = 0  # of the random draw of ``n`` items
 
     @abc.abstractmethod
     def items(self, n: int | None) -> list[EvalItem]:
-        """The task's first ``n`` items (every item when None)."""
+        """``n`` of the task's items drawn at random with ``seed`` (every item when None)."""
 
     @abc.abstractmethod
     def score(self, items: list[EvalItem], completions: list[str], workers: int = 2) -> list:
@@ -70,10 +71,16 @@ def _read_jsonl(path: Path, arg: str, required: tuple, example: str) -> list[dic
     return rows
 
 
-def _first(rows: list, n: int | None) -> list:
+def _draw(rows: list, n: int | None, seed: int) -> list[tuple[int, object]]:
+    """(index, row) of ``n`` rows drawn without replacement with ``seed``, in file order (every row when None or
+    n >= len(rows)); never the first n, whose difficulty need not be the whole set's."""
+    import random
+
     if n is not None and n < 1:
         raise ValueError(f"--limit {n} must be >= 1 (or omitted for every item)")
-    return rows[:n] if n else rows
+    if not n or n >= len(rows):
+        return list(enumerate(rows))
+    return [(i, rows[i]) for i in sorted(random.Random(f"tracelock-draw:{seed}").sample(range(len(rows)), n))]
 
 
 class GSM8KTask(Task):
@@ -86,7 +93,7 @@ class GSM8KTask(Task):
         rows = _read_jsonl(self.path, "gsm8k:PATH", ("question", "answer"),
                            '{"question": "...", "answer": "... #### 42"} (GSM8K format)')
         return [EvalItem(f"gsm8k:{i}", f"{row['question']}\n{GSM8K_INSTRUCTION}", row["answer"])
-                for i, row in enumerate(_first(rows, n))]
+                for i, row in _draw(rows, n, self.seed)]
 
     def score(self, items, completions, workers=2):
         from tracelock.eval.gsm8k import is_correct
@@ -117,7 +124,7 @@ class HumanEvalTask(Task):
     def items(self, n):
         from tracelock.eval.humaneval import build_prompt, load_problems
 
-        problems = _first(load_problems(self.path), n)
+        problems = [p for _, p in _draw(load_problems(self.path), n, self.seed)]
         return [EvalItem(p["task_id"], f"{HUMANEVAL_INSTRUCTION}\n```python\n"
                          f"{build_prompt(p, with_tests=self.with_tests)}```", p) for p in problems]
 
@@ -143,7 +150,7 @@ class QATask(Task):
         rows = _read_jsonl(self.path, "qa:PATH", ("instruction",),
                            '{"instruction": "...", "input": "optional", "output": "reference"} (Alpaca format)')
         return [EvalItem(str(row.get("id", f"qa:{i}")), _alpaca_prompt(row), row.get("output") or None)
-                for i, row in enumerate(_first(rows, n))]
+                for i, row in _draw(rows, n, self.seed)]
 
     def score(self, items, completions, workers=2):
         return [None] * len(items)
@@ -167,12 +174,13 @@ class TestbedTask(Task):
         self.metric_name = "accuracy" if task == "math" else "pass@1"
 
     def items(self, n):
-        from tracelock.testbed.tasks import held_out
+        from tracelock.testbed.tasks import POOL, draw
 
-        if n is None or n < 1:
-            raise ValueError(f"--limit {n} must be >= 1 for a testbed task: how many held-out test items to draw")
-        return [EvalItem(f"{self.task}:{self.split}:{self.seed}:{i}", ex.prompt, ex)
-                for i, ex in enumerate(held_out(self.task, self.split, n, seed=self.seed))]
+        if n is None or not 1 <= n <= POOL:
+            raise ValueError(f"--limit {n}: a testbed task draws 1 to {POOL} held-out items at random (--seed)")
+        # the id is the item's place in the split's pool, the same in every draw, so runs pair by id
+        return [EvalItem(f"{self.task}:{self.split}:{i}", ex.prompt, ex)
+                for i, ex in draw(self.task, self.split, n, seed=self.seed)]
 
     def score(self, items, completions, workers=2):
         from tracelock.testbed.evaluate import score_items
@@ -183,13 +191,17 @@ class TestbedTask(Task):
 def make_task(spec: str, seed: int = 0) -> Task:
     """The task of a spec string (see the module docstring)."""
     name, _, arg = spec.partition(":")
+    task = None
     if name == "gsm8k" and arg:
-        return GSM8KTask(arg)
-    if name in ("humaneval", "humaneval-with-tests"):
-        return HumanEvalTask(arg or None, with_tests=name == "humaneval-with-tests")
-    if name == "qa" and arg:
-        return QATask(arg)
-    if name == "testbed" and arg:
-        return TestbedTask(arg, seed=seed)
+        task = GSM8KTask(arg)
+    elif name in ("humaneval", "humaneval-with-tests"):
+        task = HumanEvalTask(arg or None, with_tests=name == "humaneval-with-tests")
+    elif name == "qa" and arg:
+        task = QATask(arg)
+    elif name == "testbed" and arg:
+        task = TestbedTask(arg, seed=seed)
+    if task is not None:
+        task.seed = seed
+        return task
     raise ValueError(f"--tasks: {spec!r} is not a task spec; use gsm8k:PATH, humaneval[:PATH], "
                      "humaneval-with-tests[:PATH], qa:PATH, testbed:math or testbed:code (@validation for that split)")

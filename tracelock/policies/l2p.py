@@ -2,7 +2,7 @@
 
 At each step the block's confidences, committed positions included, go through the filter trained for that block
 size; every active slot with ``sigmoid(logit) > threshold`` is committed, **plus** the backbone's scheduled rule
-(LLaDA: the scheduled top-k by confidence; Dream: the scheduled top-k by neg-entropy; steps = gen_length by default,
+(LLaDA's schedule: the scheduled top-k by confidence, on Dream by neg-entropy; steps = gen_length by default,
 so one per step). Thresholds: 0.96 for the LLaDA family, 0.9 for Dream (upstream's).
 
 End-of-Text Prediction (EoTP), upstream's ``generate_l2p_eot``: if the filter accepts the end token at an active
@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 
 from .base import Policy, StepInput
-from .dream import EntropyPolicy
 from .llada import ConfidencePolicy
 
 __all__ = ["L2PHiddenPolicy", "L2PPolicy"]
@@ -91,7 +90,8 @@ class L2PPolicy(Policy):
             self._check_backbone(model)
         self.threshold, self.filter_block, self.eotp, self.family = float(threshold), filter_block, bool(eotp), family
         self.eot_lookahead = self.eotp
-        self._base = EntropyPolicy(steps) if family == "dream" else ConfidencePolicy(steps)
+        # upstream: the LLaDA schedule (exactly one per step at steps = gen_length), ranked by neg-entropy on Dream
+        self._base = ConfidencePolicy(steps, score="neg_entropy" if family == "dream" else "confidence")
         self._eos = next(iter(self._filters.values())).config.eos_id
         if self.eotp and self._eos is None:
             raise ValueError("these filters record no end token (eos_id), which end-of-text prediction needs; "

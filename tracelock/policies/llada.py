@@ -34,18 +34,36 @@ class _ScheduledPolicy(Policy):
         self._steps_per_region = split_steps(self.steps, gen_length, num_regions)
 
 
+# the certainty scores a scheduled rule can rank by: the `tracelock.signals.Signals` field of each
+SCORES = ("confidence", "margin", "neg_entropy")
+
+
 class ConfidencePolicy(_ScheduledPolicy):
-    """LLaDA ``low_confidence``: the scheduled k most confident active slots.
+    """LLaDA ``low_confidence``: the scheduled k most certain active slots.
+
+    ``score="neg_entropy"`` is the TraceLock paper's native Dream baseline: exactly the scheduled k per step (one per
+    step at steps = gen_length) ranked by Dream's neg-entropy. Dream's own ``entropy`` rule ranks by the same score
+    but truncates its per-step count (``int(n (1 - s/t))``), which in semi-AR blocks commits nothing at a block's
+    first step and two slots at its last.
 
     Args:
         steps (int, optional): total steps, a multiple of the region count. Default: gen_length.
+        score (str): the certainty to rank by: "confidence" (max probability, LLaDA), "margin" (p1 - p2) or
+            "neg_entropy" (sum p log p, Dream). Default: "confidence".
     """
 
     name = "confidence"
     deterministic = True
 
+    def __init__(self, steps: int | None = None, score: str = "confidence") -> None:
+        super().__init__(steps)
+        if score not in SCORES:
+            raise ValueError(f"score={score!r} is not a certainty score; choose one of {', '.join(SCORES)}")
+        self.score = score
+
     def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
-        return topk_mask(inp.signals.confidence, inp.active, llada_schedule_k(inp, self.steps_per_region()))
+        score = getattr(inp.signals, self.score)
+        return topk_mask(score, inp.active, llada_schedule_k(inp, self.steps_per_region()))
 
 
 class RandomPolicy(_ScheduledPolicy):

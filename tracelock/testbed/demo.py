@@ -18,7 +18,7 @@ from tracelock.testbed.evaluate import (
     evaluate_policy,
     format_table,
 )
-from tracelock.testbed.tasks import held_out
+from tracelock.testbed.tasks import draw, held_out
 
 
 def _demo_controller(args):
@@ -116,7 +116,7 @@ def run_eval(args) -> int:
     results = json.loads(out.read_text()) if out.exists() else {}
     canvases = load_file(str(canvas_file)) if canvas_file.exists() else {}
     for task in testbed_task_names(args.tasks):
-        items = held_out(task, "test", args.limit, seed=args.seed)
+        ids, items = zip(*draw(task, "test", args.limit, seed=args.seed))
         for setting in args.settings.split(","):
             gen_length, width = _setting(setting)
             key = f"{task} gen{gen_length} {args.schedule}{width}"
@@ -135,7 +135,7 @@ def run_eval(args) -> int:
                 with progress_bar(total=len(items), desc=key) as bar:
                     r = evaluate_policy(model, tokenizer, items, label, name, policy_args, on_batch=bar.update,
                                         **settings)
-                rows.append(r.summary())
+                rows.append({**r.summary(), "item_ids": list(ids)})
                 if label == policies[0][0]:
                     canvases[key] = r.canvas.cpu().contiguous()
                     atomic_write(canvas_file, lambda p: save_file(canvases, p))
@@ -146,7 +146,7 @@ def run_eval(args) -> int:
                 with progress_bar(total=len(items), desc=key) as bar:
                     oracle = evaluate_oracle(model, tokenizer, items, reference_label, canvases[key],
                                              on_batch=bar.update, **settings)
-                rows.append(oracle.summary())
+                rows.append({**oracle.summary(), "item_ids": list(ids)})
                 atomic_write_json(out, results)
             print(format_table(task, f"gen {gen_length}, {args.schedule} {width}", rows) + "\n", flush=True)
     return 0

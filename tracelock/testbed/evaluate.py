@@ -16,24 +16,33 @@ from tracelock.testbed.tasks import code_program, score
 from tracelock.text import decode_answer, encode_prompt
 
 
-def reference_rule(family: str) -> str:
-    """The family's own one-token-per-step rule, the quality reference of its tables: LLaDA's low-confidence
-    remasking, Dream's README rule (``entropy``)."""
-    return "entropy" if family == "dream" else "confidence"
+def reference_rule(family: str) -> tuple[str, dict]:
+    """(policy, arguments) of the family's own rule at one token per step, the quality reference of its tables:
+    LLaDA's low-confidence remasking; for Dream the TraceLock paper's native baseline, exactly one token per step
+    by Dream's neg-entropy. (Dream's ``entropy`` rule truncates its count per step: in blocks it commits nothing at
+    a block's first step and two slots at its last, which cost this model half its code accuracy.)"""
+    return ("confidence", {"score": "neg_entropy"}) if family == "dream" else ("confidence", {})
+
+
+def reference_label(family: str) -> str:
+    """The table label of `reference_rule`'s run."""
+    return "neg-entropy 1/step" if family == "dream" else "confidence 1/step"
 
 
 def baseline_policies(gen_length: int, family: str = "llada") -> list:
     """(label, policy name, policy args): the heuristic rows of the quality-vs-steps table; the first row is the
-    family's reference rule at one token per step (the oracle replays it). A Dream model adds Dream's other rules
-    and Fast-dLLM's Dream variant of the threshold rule."""
-    ref = reference_rule(family)
+    family's reference rule at one token per step (the oracle replays it). A Dream model adds Dream's own rules
+    (their truncating schedule) and Fast-dLLM's Dream variant of the threshold rule."""
+    name, args = reference_rule(family)
+    label = reference_label(family).removesuffix(" 1/step")
     rows = [
-        (f"{ref} 1/step", ref, {}),
-        (f"{ref} 2/step", ref, {"steps": gen_length // 2}),
-        (f"{ref} 4/step", ref, {"steps": gen_length // 4}),
+        (f"{label} 1/step", name, args),
+        (f"{label} 2/step", name, {**args, "steps": gen_length // 2}),
+        (f"{label} 4/step", name, {**args, "steps": gen_length // 4}),
     ]
     if family == "dream":
-        rows += [("maskgit_plus 1/step", "maskgit_plus", {}), ("topk_margin 1/step", "topk_margin", {}),
+        rows += [("entropy 1/step (Dream's schedule)", "entropy", {}), ("maskgit_plus 1/step", "maskgit_plus", {}),
+                 ("topk_margin 1/step", "topk_margin", {}),
                  ("threshold 0.9 (Dream variant)", "threshold", {"tau": 0.9, "first_token": True})]
     return rows + [
         ("threshold 0.9", "threshold", {"tau": 0.9}),
@@ -45,9 +54,9 @@ def baseline_policies(gen_length: int, family: str = "llada") -> list:
 
 def demo_policies(gen_length: int, family: str = "llada") -> list:
     """The rows `tracelock demo` can afford in about two minutes on a 2-core CPU."""
-    ref = reference_rule(family)
+    ref = reference_label(family).removesuffix(" 1/step")
     keep = {f"{ref} 1/step", f"{ref} 4/step", "threshold 0.9", "threshold 0.5", "random 1/step",
-            "maskgit_plus 1/step", "topk_margin 1/step", "threshold 0.9 (Dream variant)"}
+            "entropy 1/step (Dream's schedule)", "threshold 0.9 (Dream variant)"}
     return [row for row in baseline_policies(gen_length, family) if row[0] in keep]
 
 
@@ -60,11 +69,14 @@ class PolicyResult:
     correct: list = field(repr=False)
     completions: list = field(repr=False)
     canvas: torch.Tensor = field(repr=False, default=None)
+    steps: list = field(repr=False, default=None)  # [N] forwards per item
 
     def summary(self) -> dict:
-        """The row as saved and tabulated: label, accuracy, average steps, seconds per item, items."""
+        """The row as saved and tabulated: label, accuracy, average steps, seconds per item, items, and the per-item
+        record (``correct`` a string of 0/1, ``steps`` a list, in item order) so two rows can be compared paired."""
         return dict(policy=self.label, accuracy=self.accuracy, avg_steps=self.avg_steps,
-                    seconds_per_item=self.seconds_per_item, n=len(self.correct))
+                    seconds_per_item=self.seconds_per_item, n=len(self.correct),
+                    correct="".join("1" if c else "0" for c in self.correct), steps=self.steps)
 
 
 def decode(model, tokenizer, items, *, policy, policy_args=None, gen_length, block=None, window=None,
@@ -114,7 +126,7 @@ def evaluate_policy(model, tokenizer, items, label, policy, policy_args=None, *,
                                                  batch_size=batch_size, on_batch=on_batch)
     correct = score_items(items, completions, workers=workers)
     return PolicyResult(label, sum(correct) / len(items), sum(steps) / len(items), seconds / len(items), correct,
-                        completions, canvas)
+                        completions, canvas, list(steps))
 
 
 def evaluate_oracle(model, tokenizer, items, reference_label: str, reference_canvas, **settings) -> PolicyResult:

@@ -38,7 +38,7 @@ def _curve(points: list, first: int, last: int) -> list:
 
 def provenance(run, *, command: str, machine: str) -> dict:
     """testbed.json's content for a finished run folder; a run that has not finished is an error."""
-    from tracelock.testbed.evaluate import reference_rule  # imports torch, which `testbed-ship --help` need not
+    from tracelock.testbed.evaluate import reference_label  # imports torch, which `testbed-ship --help` need not
 
     run = Path(run)
     state = run / "train_state.json"
@@ -67,7 +67,7 @@ def provenance(run, *, command: str, machine: str) -> dict:
         "final_loss_10_step_mean": log["loss"][-1][1],
         "loss_curve_ar": _curve(log["loss"], 0, ar),
         "loss_curve_masked": _curve(log["loss"], ar, cfg["steps"]),
-        "probes": {"how": f"{reference_rule(cfg.get('family', 'llada'))} 1/step, gen 64, block 16, first "
+        "probes": {"how": f"{reference_label(cfg.get('family', 'llada'))}, gen 64, block 16, first "
                           "probe_items validation items per task, recorded during training (--probe-every)",
                    **log.get("probes", {})},
         "model_safetensors_sha256": sha256(run / "model.safetensors"),

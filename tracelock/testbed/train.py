@@ -197,16 +197,17 @@ def _lr(cfg: TrainConfig, step: int) -> float:
 
 @torch.no_grad()
 def probe(model, tokenizer, tasks, n: int) -> dict:
-    """Accuracy per task of the family's reference rule (LLaDA: confidence, Dream: entropy) at one token per step,
+    """Accuracy per task of the family's reference rule (`reference_rule`) at one token per step,
     gen 64, blocks of 16, on the first ``n`` validation items (the test split stays for the reported tables)."""
-    from tracelock.testbed.evaluate import evaluate_policy, reference_rule
+    from tracelock.testbed.evaluate import evaluate_policy, reference_label, reference_rule
 
-    rule = reference_rule(model.spec.family)
+    rule, rule_args = reference_rule(model.spec.family)
     was_training = model.training
     model.eval()
     try:
-        return {task: evaluate_policy(model, tokenizer, held_out(task, "validation", n), f"{rule} 1/step",
-                                      rule, gen_length=64, block=16, batch_size=min(n, 100)).accuracy
+        return {task: evaluate_policy(model, tokenizer, held_out(task, "validation", n),
+                                      reference_label(model.spec.family), rule, rule_args, gen_length=64, block=16,
+                                      batch_size=min(n, 100)).accuracy
                 for task in tasks}
     finally:
         model.train(was_training)
