@@ -111,8 +111,9 @@ def _add_testbed_eval(sub):
     p.add_argument("--policies", help="comma-separated policy specs name[:key=value...], e.g. "
                                       "confidence,threshold:tau=0.9 (default: every row: the family's reference "
                                       "rule with 1, 2 and 4 tokens per step, threshold 0.9/0.7/0.5, random, and "
-                                      "Dream's rules on a Dream model); the rows' labels ('threshold 0.9') are accepted too, "
-                                      "deprecated. The reference at 1/step always runs, as the oracle replays it")
+                                      "Dream's rules on a Dream model); the rows' labels ('threshold 0.9') are "
+                                      "accepted too, deprecated. The reference at 1/step always runs, as the "
+                                      "oracle replays it")
     p.add_argument("--device", default="cpu", help="where the model decodes: cpu or cuda[:i]")
     p.add_argument("--workers", type=positive_int, default=2, help="sandbox processes that run the code answers' "
                                                                    "tests")
