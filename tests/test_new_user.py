@@ -133,6 +133,21 @@ def test_the_busy_machine_notice_is_not_hidden_by_quiet(capsys, monkeypatch):
     assert "--threads 2 on a busy machine" in capsys.readouterr().err
 
 
+def test_a_machine_that_becomes_busy_midway_is_called_out_once(monkeypatch, capsys):
+    from tracelock import progress
+
+    monkeypatch.setattr(progress, "_load_noticed", False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv(progress.QUIET_ENV, "1")
+    assert progress.notice_oversubscription(load=2.3, cores=2) is None  # this command's own two threads
+    assert "became busy (load average 3.4 on 2 cores)" in progress.notice_oversubscription(load=3.4, cores=2)
+    assert progress.notice_oversubscription(load=9.0, cores=2) is None  # said once
+    assert "--threads 1" in capsys.readouterr().err
+    monkeypatch.setattr(progress, "_load_noticed", False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert progress.notice_oversubscription(load=9.0, cores=2) is None  # one thread has nothing to give up
+
+
 @pytest.fixture
 def weightless(tmp_path):
     """A checkpoint folder whose weights are missing: a command that reads it fails, so an error about anything else
