@@ -138,7 +138,12 @@ def test_threads_flag_env_and_default():
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     done = subprocess.run([sys.executable, "-m", "tracelock", "env"], capture_output=True, text=True, timeout=120,
                           env=env)
-    assert f"threads: {physical_cores()}\n" in done.stdout
+    # the physical cores, or on a machine busy at the start the cores its load leaves free, said on stderr
+    busy = re.search(r"using (\d+) torch threads? instead of (\d+)", done.stderr)
+    if busy:
+        assert int(busy[2]) == physical_cores() and f"threads: {busy[1]}\n" in done.stdout
+    else:
+        assert f"threads: {physical_cores()}\n" in done.stdout
     done = subprocess.run([sys.executable, "-m", "tracelock", "env"], capture_output=True, text=True, timeout=120,
                           env={**env, "OMP_NUM_THREADS": "1"})
     assert "threads: 1\n" in done.stdout

@@ -177,8 +177,9 @@ def add_runtime_options(parser) -> None:
     if "--threads" not in parser._option_string_actions:
         parser.add_argument("--threads", type=positive_int, default=None, metavar="N",
                             help=f"torch CPU threads of this process (default: $OMP_NUM_THREADS if set, else the "
-                                 f"physical cores: {default_threads()} here). On a machine busy with other jobs use 1: "
-                                 "threads that wait for a core can make decoding several times slower")
+                                 f"physical cores, {default_threads()} here, or the cores the load leaves free when "
+                                 "the machine is busy at the start: threads that wait for a core make decoding many "
+                                 "times slower)")
     if "--quiet" not in parser._option_string_actions:
         parser.add_argument("--quiet", action="store_true",
                             help="no progress bars or status lines on stderr (results and errors still print)")
