@@ -125,11 +125,17 @@ def test_a_busy_machine_gets_fewer_threads_and_a_word(threads, default, load, wa
 
 def test_the_busy_machine_notice_is_not_hidden_by_quiet(capsys, monkeypatch):
     from tracelock.cli_common import apply_runtime_options
+    from tracelock.progress import QUIET_ENV
 
+    # what it sets for this process is put back afterwards: the quiet switch, the thread variables, torch's threads
+    for name in (QUIET_ENV, "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(name, os.environ.get(name, "1" if name != QUIET_ENV else "0"))
     monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    args = type("Args", (), dict(quiet=True, threads=2, command="demo"))()
-    apply_runtime_options(args)
+    threads = torch.get_num_threads()
+    try:
+        apply_runtime_options(type("Args", (), dict(quiet=True, threads=2, command="demo"))())
+    finally:
+        torch.set_num_threads(threads)
     assert "--threads 2 on a busy machine" in capsys.readouterr().err
 
 
