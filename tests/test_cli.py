@@ -35,7 +35,7 @@ def test_generate_jsonl(tiny, tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["prompt"] for r in rows] == ["What is 2 + 3 ?", "add 4 and 5", "x"]
     for r in rows:
-        assert len(r["token_ids"]) == 16 and isinstance(r["text"], str)
+        assert len(r["token_ids"]) <= 16 and isinstance(r["text"], str)  # cut before an end token
         assert 1 <= r["steps"] <= 16 and r["seconds"] > 0
         assert r["settings"]["policy_args"] == {"tau": 0.9} and r["settings"]["block"] == 8
 
@@ -58,4 +58,4 @@ def test_generate_bad_input_is_one_clear_line(tiny):
     assert "unknown policy 'beam'" in proc.stderr and "Traceback" not in proc.stderr
     proc = run(CLI, "generate", "--model", str(tiny), "--prompt", "hi", "--policy", "confidence",
                "--gen-length", "8", "--block", "3", check=False)
-    assert proc.returncode == 2 and "block=3 does not divide gen_length=8" in proc.stderr
+    assert proc.returncode == 2 and "--block 3 does not divide --gen-length 8" in proc.stderr

@@ -138,7 +138,12 @@ def test_threads_flag_env_and_default():
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     done = subprocess.run([sys.executable, "-m", "tracelock", "env"], capture_output=True, text=True, timeout=120,
                           env=env)
-    assert f"threads: {physical_cores()}\n" in done.stdout
+    # the physical cores, or on a machine busy at the start the cores its load leaves free, said on stderr
+    busy = re.search(r"using (\d+) torch threads? instead of (\d+)", done.stderr)
+    if busy:
+        assert int(busy[2]) == physical_cores() and f"threads: {busy[1]}\n" in done.stdout
+    else:
+        assert f"threads: {physical_cores()}\n" in done.stdout
     done = subprocess.run([sys.executable, "-m", "tracelock", "env"], capture_output=True, text=True, timeout=120,
                           env={**env, "OMP_NUM_THREADS": "1"})
     assert "threads: 1\n" in done.stdout
@@ -161,8 +166,10 @@ def test_bad_policy_values_are_one_line_and_quiet_is_quiet(tmp_path):
     assert done.returncode == 2 and "policy 'tracelock' needs controller" in done.stderr
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "Zoe has 9 books."}\n{"prompt": "Ben has 2 pens."}\n')
+    # one thread set: a busy machine's notice (which --quiet does not hide) has nothing to say
     done = run_cli("generate", "--model", "testbed", "--prompts", str(prompts), "--policy", "threshold:tau=0.9",
-                   "--policy-arg", "tau=0.7", "--gen-length", "16", "--block", "8", "--quiet")
+                   "--policy-arg", "tau=0.7", "--gen-length", "16", "--block", "8", "--quiet",
+                   env={"OMP_NUM_THREADS": "1"})
     assert done.returncode == 0 and done.stderr == ""
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(rows) == 2 and rows[0]["settings"]["policy_args"] == {"tau": 0.7}

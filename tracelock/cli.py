@@ -281,6 +281,7 @@ _USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, NotAD
 
 def main(argv=None):
     from tracelock.atomic import OutputError
+    from tracelock.extras import MissingExtraError
 
     args = build_parser().parse_args(argv)
     apply_runtime_options(args)
@@ -290,7 +291,7 @@ def main(argv=None):
 
             check_device(args.device)
         return args.func(args) or 0
-    except (*_USER_ERRORS, OutputError) as err:
+    except (*_USER_ERRORS, OutputError, MissingExtraError) as err:
         # bad input, a corrupt file, a full disk or a busy output folder: one clear line, no traceback
         if os.environ.get("TRACELOCK_DEBUG"):
             raise

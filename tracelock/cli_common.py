@@ -177,29 +177,42 @@ def add_runtime_options(parser) -> None:
     if "--threads" not in parser._option_string_actions:
         parser.add_argument("--threads", type=positive_int, default=None, metavar="N",
                             help=f"torch CPU threads of this process (default: $OMP_NUM_THREADS if set, else the "
-                                 f"physical cores: {default_threads()} here). On a machine busy with other jobs use 1: "
-                                 "threads that wait for a core can make decoding several times slower")
+                                 f"physical cores, {default_threads()} here, or the cores the load leaves free when "
+                                 "the machine is busy at the start: threads that wait for a core make decoding many "
+                                 "times slower)")
     if "--quiet" not in parser._option_string_actions:
         parser.add_argument("--quiet", action="store_true",
                             help="no progress bars or status lines on stderr (results and errors still print)")
 
 
+def threads_for_load(threads: int | None, default: int, cores: int, load: float) -> tuple[int, str | None]:
+    """(torch threads to use, a notice or None) for ``--threads`` (None: not given) on a machine whose load average
+    is ``load`` over ``cores`` cores. Threads that wait for a core stall each other at every op: on a shared 2-core
+    machine two threads made `tracelock demo --model testbed-dream` 15x slower than one. So the default comes down to
+    the cores the load leaves free, and an explicit count above them is kept but called out."""
+    free = max(1, int(cores - load + 0.5))
+    if threads is None and default > free:
+        return free, (f"this machine is busy (load average {load:.1f} on {cores} cores): using {free} torch "
+                      f"thread{'s' if free > 1 else ''} instead of {default}, as threads that wait for a core make "
+                      "decoding many times slower; --threads N sets the count")
+    if threads is not None and threads > free:
+        return threads, (f"--threads {threads} on a busy machine (load average {load:.1f} on {cores} cores): threads "
+                         f"that wait for a core make decoding many times slower; --threads {free} may well be faster")
+    return threads or default, None
+
+
 def apply_runtime_options(args) -> None:
     """Set the thread count and the quiet switch for this process and the processes it starts. torch reads
-    ``OMP_NUM_THREADS`` when it loads, which the CLI does only inside a command, after this."""
+    ``OMP_NUM_THREADS`` when it loads, which the CLI does only inside a command, after this. The busy-machine notice
+    prints even with --quiet: it says why the command may run slowly, or with fewer threads than the default."""
     if getattr(args, "quiet", False):
         os.environ[QUIET_ENV] = "1"
-    threads = getattr(args, "threads", None)
+    threads = getattr(args, "threads", None) or None  # testbed-train's --threads 0 is its default
     if threads is not None or "OMP_NUM_THREADS" not in os.environ:
-        n = threads or default_threads()
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        n, notice = threads_for_load(threads, default_threads(), physical_cores(), load)
+        if notice:
+            print(f"{getattr(args, 'command', 'tracelock')}: {notice}", file=sys.stderr, flush=True)
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(n)
         if "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(n)
-        # the default stays the same on a busy machine (a run's numbers should not depend on the load), but say so:
-        # threads that wait for a core made a decode 10x slower on a busy 2-core machine (docs/testbed.md)
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-        if not threads and n > 1 and load >= n:
-            from tracelock.progress import status
-
-            status(f"this machine is busy (load average {load:.1f} on {n} cores); if this runs slowly, pass "
-                   "--threads 1")

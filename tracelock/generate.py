@@ -37,6 +37,11 @@ def _op_impls(impl: str | None) -> tuple:
     return (None, None, None) if requested is None else _IMPL_PER_OP[requested]
 
 
+def _device_of(model):
+    param = next(model.parameters(), None)
+    return param.device if param is not None else "cpu"
+
+
 def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
                    attention_mask=None, temperature=0.0, cfg_scale=0.0, stop_at_eot=False, idle_steps=False,
                    seed=0, cache=None, refresh_every=None, refresh_shift=None, impl=None, observer=None, compile=None):
@@ -85,7 +90,7 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
         print(stats.steps)
     """
     check_decode_inputs(model, input_ids, policy_args)
-    policy_args = policy_args_for(model, policy, policy_args)
+    policy_args = policy_args_for(model, policy, policy_args, gen_length)
     mode = compile_requested(compile)
     if mode:
         reason = eager_reason(policy, policy_args, temperature, cfg_scale, observer)
@@ -95,6 +100,7 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
                                      stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed, cache=cache,
                                      refresh_every=refresh_every, refresh_shift=refresh_shift)
         warn_eager(reason)
+    ops.check_impl(impl, _device_of(model))
     commits_impl, blocks_impl, kernels_impl = _op_impls(impl)
     return run_decode(model, input_ids, policy=policy, gen_length=gen_length, block=block, window=window,
                       policy_args=policy_args, attention_mask=attention_mask, temperature=temperature,

@@ -5,11 +5,15 @@ import sys
 
 import torch
 
+from tracelock import ops
 from tracelock.cli_common import policy_and_args
+from tracelock.decode.schedule import validate_schedule
 from tracelock.generate import fused_generate
 from tracelock.models import load_model, load_tokenizer
+from tracelock.models.loading import resolve_path
+from tracelock.policies import check_policy
 from tracelock.progress import progress_bar
-from tracelock.text import decode_answer, encode_prompt, read_prompt_rows
+from tracelock.text import answer_ids, encode_prompt, read_prompt_rows
 
 
 def read_prompts(args) -> list:
@@ -18,11 +22,27 @@ def read_prompts(args) -> list:
     return [row["prompt"] for row in read_prompt_rows(args.prompts)]
 
 
-def run_generate(args) -> int:
+def check_arguments(args) -> tuple[str, dict]:
+    """(policy, its arguments) of the command line, every option checked before the model loads (seconds on a
+    CPU): the schedule, the policy and its values, the op implementation, the model folder and the prompts file."""
     policy, policy_args = policy_and_args(args.policy, args.policy_arg)
+    try:
+        validate_schedule(args.gen_length, args.block, args.window)
+    except ValueError as err:  # its message speaks fused_generate's keywords
+        raise ValueError(str(err).replace("gen_length=", "--gen-length ").replace("block=", "--block ")
+                         .replace("window=", "--window ")) from None
+    check_policy(policy, policy_args, gen_length=args.gen_length,
+                 num_regions=args.gen_length // args.block if args.block else 1)
+    ops.check_impl(args.impl, args.device)
+    resolve_path(args.model)  # a missing folder or unknown name fails here
+    return policy, policy_args
+
+
+def run_generate(args) -> int:
+    policy, policy_args = check_arguments(args)
+    prompts = read_prompts(args)
     model = load_model(args.model, dtype=getattr(torch, args.model_dtype), device=args.device)
     tokenizer = load_tokenizer(args.model)
-    prompts = read_prompts(args)
     settings = dict(model=str(args.model), policy=policy, policy_args=policy_args, gen_length=args.gen_length,
                     block=args.block, window=args.window, temperature=args.temperature, cfg_scale=args.cfg_scale,
                     stop_at_eot=args.stop_at_eot, idle_steps=args.idle_steps, seed=args.seed, dtype=args.model_dtype,
@@ -41,9 +61,10 @@ def run_generate(args) -> int:
                                            refresh_every=args.refresh_every, refresh_shift=args.refresh_shift)
             P = tokens.shape[1] - args.gen_length
             for row, prompt in enumerate(batch):
-                generated = tokens[row, P:].tolist()
-                record = dict(prompt=prompt, text=decode_answer(tokenizer, generated, model.spec.end_ids),
-                              token_ids=generated, steps=stats.steps[row],
+                # the answer ends before its first end token (the pad / end ids after it are filler, as the server cuts)
+                answer = answer_ids(tokens[row, P:].tolist(), model.spec.end_ids)
+                record = dict(prompt=prompt, text=tokenizer.decode(answer, skip_special_tokens=True),
+                              token_ids=answer, steps=stats.steps[row],
                               seconds=stats.seconds / len(batch), settings=settings)
                 out.write(json.dumps(record) + "\n")
             out.flush()

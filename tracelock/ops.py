@@ -38,6 +38,36 @@ def requested_impl(impl: str | None) -> str | None:
     return impl
 
 
+def check_impl(impl: str | None, device) -> None:
+    """``impl`` (or ``TRACELOCK_IMPL``) as `fused_generate` takes it, a family of op implementations: an error
+    naming it and the fix when it cannot run on ``device``, before any decoding starts."""
+    requested = requested_impl(impl)
+    if requested in (None, "torch"):
+        return
+    device = torch.device(device)
+    source = "" if impl else " (from TRACELOCK_IMPL)"
+    why = None
+    if requested == "cpp":
+        if not _ext.has_cpp():
+            why = f"it needs tracelock._C, which failed to import ({_ext.ext_error()}); rebuild with {_REBUILD}"
+        elif device.type != "cpu":
+            why = f"its ops run on CPU tensors and the model is on {device}; use impl='cuda' or leave impl unset"
+    elif requested == "cuda" and device.type != "cuda":
+        why = f"its ops run on a CUDA device and the model is on {device}"
+    elif requested == "cuda" and not _ext.has_cuda_ext():
+        built = "was built without CUDA" if _ext.has_cpp() else f"failed to import ({_ext.ext_error()})"
+        why = f"it needs tracelock._C with CUDA, but it {built}; rebuild with {_REBUILD_CUDA}"
+    if why is None and requested in ("triton", "cuda"):
+        state = _triton_state(device)
+        if state is not None and device.type != "cuda" and "not installed" not in state:
+            state = (f"Triton kernels run on a CUDA device and the model is on {device} (on a CPU only under "
+                     "TRITON_INTERPRET=1, set before importing tracelock: the tests' slow interpreter)")
+        why = state
+    if why is not None:
+        raise ValueError(f"impl={requested!r}{source} cannot run here: {why}; use impl='torch' (CLI: --impl torch), "
+                         "or leave it unset for the fastest implementation that runs")
+
+
 def _check_available(op: str, impl: str, device: torch.device, impls: tuple[str, ...]) -> None:
     """Raise with the fix when ``impl`` cannot run ``op`` on ``device``."""
     if impl not in impls:

@@ -21,7 +21,7 @@ def reference_generate(model, input_ids, *, policy, gen_length, block=None, wind
         raise ValueError(f"reference_generate always runs the torch reference ops; got impl={impl!r}. "
                          "Use tracelock.fused_generate(..., impl=...) to pick an implementation")
     check_decode_inputs(model, input_ids, policy_args)
-    policy_args = policy_args_for(model, policy, policy_args)
+    policy_args = policy_args_for(model, policy, policy_args, gen_length)
     return run_decode(model, input_ids, policy=policy, gen_length=gen_length, block=block, window=window,
                       policy_args=policy_args, attention_mask=attention_mask, temperature=temperature,
                       cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed, observer=observer,

@@ -30,10 +30,14 @@ def validate_schedule(gen_length, block, window) -> None:
         if isinstance(block, bool) or not isinstance(block, int) or not 0 < block <= gen_length:
             raise ValueError(f"block={block!r} must be an int in [1, gen_length={gen_length}]")
         if gen_length % block:
-            divisors = [d for d in (4, 8, 16, 32, 64, 128) if gen_length % d == 0 and d <= gen_length]
+            # the fixes nearest to what was asked: a block near it, a generation length that it tiles, or a window
+            divisors = sorted((d for d in range(2, gen_length + 1) if gen_length % d == 0),
+                              key=lambda d: (abs(d - block), d))[:3] or [gen_length]
+            longer = -(-gen_length // block) * block
             raise ValueError(f"block={block} does not divide gen_length={gen_length}: semi-AR blocks must tile the "
-                             f"generation (LLaDA asserts gen_length % block_length == 0); use a divisor such as "
-                             f"{divisors or [gen_length]}, or window={block} for a sliding window")
+                             f"generation (LLaDA asserts gen_length % block_length == 0); use block="
+                             f"{' or '.join(map(str, sorted(divisors)))} (divisors of {gen_length}), gen_length="
+                             f"{longer} (a multiple of {block}), or window={block} for a sliding window")
 
 
 @dataclass

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tracelock.atomic import atomic_write, atomic_write_json, atomic_write_text
-from tracelock.eval.runner import PolicySpec, Setting, parse_settings, slug
+from tracelock.eval.runner import PolicySpec, Setting, check_policies, parse_settings, slug
 
 # the knob each policy is swept along by default, and its default values
 DEFAULT_SWEEPS = {
@@ -317,6 +317,10 @@ def run_frontier(model, tasks: list, settings: list, sweeps: list, out, *, split
         raise ValueError("--tasks names no task; e.g. --tasks testbed:math,testbed:code")
     family = _family(model)
     ref_name, ref_args = REFERENCE_RULE[family]
+    # every point of every setting is checked before the first decodes (a bad value would stop a long run midway)
+    for setting in settings:
+        check_policies([p for sw in sweeps for p in sw.points(setting)], [setting], schedule, controller=controller,
+                       l2p=l2p)
     out = Path(out)
     records = {}
     result = dict(model=str(model), family=family, split=split, limit=limit, tolerance=tolerance,
@@ -423,6 +427,9 @@ def recompute_matched(folder, *, resamples: int = 1000) -> dict:
 
 def _run(args) -> int:
     from tracelock.cli_common import split_tasks
+    from tracelock.extras import require_extra
+
+    require_extra("report", "frontier", "draws frontier.png")
 
     sweeps = [parse_sweep(s) for s in args.sweep or []]
     result = run_frontier(args.model, split_tasks(args.tasks),
@@ -449,7 +456,7 @@ def add_parsers(sub) -> None:
                    help="held-out split of the testbed tasks (default: test; choose settings on validation)")
     add_limit(p, help="N items of each task drawn at random with --seed (default: all; testbed tasks need it)")
     p.add_argument("--settings", default="64/16", help="GEN/WIDTH comma-separated (default: 64/16)")
-    p.add_argument("--sweep", action="append", default=None, metavar="NAME[:KNOB=V1,V2,...][:KEY=VALUE...]",
+    p.add_argument("--sweep", action="append", required=True, metavar="NAME[:KNOB=V1,V2,...][:KEY=VALUE...]",
                    help="a policy and the values of its knob, repeatable, e.g. --sweep threshold:tau=0.7,0.9 "
                         "--sweep confidence:per_step=1,2,4; curve=TITLE names the curve (two sweeps of one policy, "
                         "e.g. two controllers); a bare name takes its default grid: " +

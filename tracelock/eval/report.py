@@ -238,6 +238,9 @@ def _grids(run: _Run, pairs: list, settings: list, items: int, grid_every: int, 
 
 
 def _report(args):
+    from tracelock.extras import require_extra
+
+    require_extra("report", "report", "draws its plots")
     path = write_report(args.run_dir, args.out, pair=args.pair, every=args.every, items=args.items,
                         grid_every=args.grid_every)
     print(f"wrote {path} and its plots")

@@ -33,9 +33,8 @@ from tracelock.atomic import (
     remove_stale_temps,
 )
 
-__all__ = ["PolicySpec", "Setting", "build_policy", "parse_policies", "parse_settings", "run_eval", "read_items",
-           "folder_items",
-           "metric_cell", "summary_table"]
+__all__ = ["PolicySpec", "Setting", "build_policy", "check_policies", "parse_policies", "parse_settings", "run_eval",
+           "read_items", "folder_items", "metric_cell", "summary_table"]
 
 
 def slug(text: str) -> str:
@@ -224,16 +223,46 @@ def _decode_chunk(model, policy, prompts, gen_length, sched, seed, metas, contro
     return traces_rec.traces(canvas, metas), stats.seconds / len(prompts)
 
 
-def build_policy(policy: PolicySpec, model, *, controller=None, l2p=None):
+def _policy_kwargs(policy: PolicySpec, model, controller, l2p, gen_length) -> dict:
+    """The keyword arguments of `make_policy` for a spec (``per_step`` as ``steps`` when ``gen_length`` is known)."""
+    from tracelock.policies import with_steps
+
+    args = policy.policy_args if gen_length is None else with_steps(policy.name, policy.policy_args, gen_length)
+    if policy.name == "tracelock":
+        return {"controller": controller, "model": model, **args}
+    if policy.name in ("l2p", "l2p-hidden"):
+        return {"filters": l2p, "model": model, **args}
+    return args
+
+
+def build_policy(policy: PolicySpec, model, *, controller=None, l2p=None, gen_length=None):
     """The `Policy` object of a spec; TraceLock's controller and Learn2PD's filters (one per block size) are read
     from their folders once, here."""
     from tracelock.policies import make_policy
 
-    if policy.name == "tracelock":
-        return make_policy("tracelock", **{"controller": controller, "model": model, **policy.policy_args})
-    if policy.name in ("l2p", "l2p-hidden"):
-        return make_policy(policy.name, **{"filters": l2p, "model": model, **policy.policy_args})
-    return make_policy(policy.name, **policy.policy_args)
+    return make_policy(policy.name, **_policy_kwargs(policy, model, controller, l2p, gen_length))
+
+
+def check_policies(policies: list, settings: list, schedule: str, *, controller=None, l2p=None) -> None:
+    """Build and set up every policy at every setting without the model: a bad name, argument or value (``tau=2``,
+    ``steps`` that do not split into the blocks) fails before a model loads or a point decodes, with the token that
+    holds it named."""
+    from tracelock.policies import make_policy
+
+    for setting in settings:
+        for policy in policies:
+            if policy.name == "oracle":
+                continue
+            kind = schedule_kind(policy, schedule)
+            regions = setting.gen_length // setting.width if kind == "block" else 1
+            try:
+                if kind == "block" and setting.gen_length % setting.width:
+                    raise ValueError(f"the block {setting.width} does not divide the generation length "
+                                     f"{setting.gen_length}; give a GEN/WIDTH setting whose WIDTH divides GEN")
+                kwargs = _policy_kwargs(policy, None, controller, l2p, setting.gen_length)
+                make_policy(policy.name, **kwargs).setup(gen_length=setting.gen_length, num_regions=regions)
+            except (ValueError, TypeError) as err:
+                raise type(err)(f"{policy.label} at {setting.label}: {err}") from None
 
 
 def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, rank, batch_size, seed, schedule,
@@ -255,7 +284,7 @@ def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, ra
     in_store = stored_ids(folder / "traces")  # every rank's, as the writer has just rewritten its own record
     reference = folder_items(first_folder) if policy.name == "oracle" else None
     if policy.name != "oracle":
-        pol = build_policy(policy, model, controller=controller, l2p=l2p)
+        pol = build_policy(policy, model, controller=controller, l2p=l2p, gen_length=setting.gen_length)
     sched = schedule_of(policy, setting, schedule)
     bar = progress_bar(total=len(items), initial=len(items) - len(todo), desc=f"{setting.label} {policy.label}")
     for start in range(0, len(todo), batch_size):
@@ -374,6 +403,7 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
                          "its token")
     if batch_size < 1:
         raise ValueError(f"--batch-size {batch_size} must be >= 1")
+    check_policies(policies, settings, schedule, controller=controller, l2p=l2p)
     out = Path(out)
     task = make_task(task_spec, seed=seed)
     items = task.items(n)

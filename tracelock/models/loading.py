@@ -1,8 +1,10 @@
 """Load LLaDA / Dream checkpoint folders (single or sharded safetensors) into `DiffusionBackbone`."""
 
 import contextlib
+import difflib
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -28,15 +30,34 @@ BUNDLED_CONTROLLERS = {"testbed": _TESTBED / "controller-llada", "testbed-llada"
 
 
 def resolve_path(path) -> Path:
-    """A checkpoint folder, or the folder of a bundled model name ("testbed" = "testbed-llada", "testbed-dream")."""
+    """A checkpoint folder: the folder itself, the folder of a bundled model name ("testbed" = "testbed-llada",
+    "testbed-dream"), or a Hugging Face Hub id such as "GSAI-ML/LLaDA-8B-Instruct" resolved through huggingface_hub's
+    cache (downloaded into it where the network allows). Anything else is an error that names the three kinds."""
     folder = Path(path)
-    if not folder.exists() and str(path) in BUNDLED:
-        folder = BUNDLED[str(path)]
+    name = str(path)
+    if folder.exists():
+        return folder
+    if name in BUNDLED:
+        folder = BUNDLED[name]
         if not (folder / "config.json").exists():
-            family = "dream" if str(path) == "testbed-dream" else "llada"
-            raise CheckpointError(f"the bundled {path!r} model is missing from this install ({folder}); "
+            family = "dream" if name == "testbed-dream" else "llada"
+            raise CheckpointError(f"the bundled {name!r} model is missing from this install ({folder}); "
                                   f"train it with `tracelock testbed-train --family {family} --out DIR` and load DIR")
-    return folder
+        return folder
+    if is_hub_id(name):
+        from tracelock.models.hub import hub_snapshot
+
+        return hub_snapshot(name)
+    close = difflib.get_close_matches(name, BUNDLED, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise CheckpointError(f"model {name!r} does not exist: {hint}pass a checkpoint folder (with config.json), a "
+                          "Hugging Face Hub id such as GSAI-ML/LLaDA-8B-Instruct, or a bundled model: "
+                          f"{', '.join(BUNDLED)}")
+
+
+def is_hub_id(name: str) -> bool:
+    """``org/name`` as the Hub spells repository ids (not a path: no leading ``.``, ``/`` or ``~``)."""
+    return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", name) is not None and ".." not in name
 
 
 def resolve_controller(path) -> Path:
@@ -121,8 +142,9 @@ def load_model(path, *, dtype=torch.float32, device="cpu") -> DiffusionBackbone:
     """Load an HF checkpoint folder of LLaDA or Dream (official key names) as a frozen `DiffusionBackbone`.
 
     Args:
-        path: folder with config.json, tokenizer files and model.safetensors (or a sharded index), or
-            "testbed" for the bundled testbed model.
+        path: folder with config.json, tokenizer files and model.safetensors (or a sharded index); a Hugging
+            Face Hub id ("GSAI-ML/LLaDA-8B-Instruct": its safetensors, configs and tokenizer, from huggingface_hub's
+            cache or downloaded into it); or "testbed" / "testbed-dream", the bundled models.
         dtype (torch.dtype): parameter dtype. Default: torch.float32.
         device: "cpu" or "cuda[:i]". Default: "cpu".
 

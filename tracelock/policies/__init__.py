@@ -17,7 +17,7 @@ from .l2p import L2PHiddenPolicy, L2PPolicy
 from .llada import ConfidencePolicy, RandomPolicy, TopKPolicy
 from .tracelock import TraceLockPolicy
 
-__all__ = ["POLICIES", "Policy", "StepInput", "make_policy"]
+__all__ = ["POLICIES", "Policy", "StepInput", "check_policy", "make_policy", "with_steps"]
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
@@ -60,10 +60,15 @@ def make_policy(spec: str | Policy, **kwargs) -> Policy:
     cls = POLICIES[spec]
     params = {n: p for n, p in inspect.signature(cls.__init__).parameters.items() if n != "self"}
     unknown = sorted(set(kwargs) - set(params))
+    if unknown == ["per_step"] and "steps" in params:
+        raise TypeError(f"policy {spec!r}: per_step (tokens per step) needs the generation length; pass it to "
+                        f"fused_generate (policy_args={{'per_step': {kwargs['per_step']!r}}}), or steps=gen_length // "
+                        "per_step here")
     if unknown:
+        also = "; per_step (tokens per step) stands for steps" if "steps" in params else ""
         raise TypeError(
             f"policy {spec!r} takes no argument {', '.join(unknown)}; "
-            f"its arguments are: {', '.join(params) or '(none)'}"
+            f"its arguments are: {', '.join(params) or '(none)'}{also}"
         )
     missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty and n not in kwargs]
     if missing:
@@ -74,6 +79,36 @@ def make_policy(spec: str | Policy, **kwargs) -> Policy:
     for name, value in kwargs.items():
         _check_kind(spec, name, value, params[name])
     return cls(**kwargs)
+
+
+def with_steps(spec, args: dict | None, gen_length: int) -> dict | None:
+    """``args`` with ``per_step=k`` (tokens per step, the knob `tracelock frontier` sweeps a schedule rule along)
+    turned into the policy's own ``steps=gen_length // k``; other arguments pass through unchanged. One grammar:
+    ``confidence:per_step=2`` means the same to ``generate``, ``eval``, ``frontier`` and `fused_generate`."""
+    if not isinstance(args, dict) or "per_step" not in args or not isinstance(spec, str) or spec not in POLICIES:
+        return args
+    if "steps" not in inspect.signature(POLICIES[spec].__init__).parameters:
+        return args  # make_policy names the policy's real arguments
+    per_step = args["per_step"]
+    if "steps" in args:
+        raise ValueError(f"policy {spec!r}: give steps={args['steps']!r} or per_step={per_step!r}, not both "
+                         "(per_step=k is steps=gen_length // k)")
+    if isinstance(per_step, bool) or not isinstance(per_step, int) or per_step < 1:
+        raise ValueError(f"policy {spec!r}: per_step={per_step!r} must be a whole number >= 1 (tokens per step)")
+    if gen_length % per_step:
+        raise ValueError(f"policy {spec!r}: per_step={per_step} does not divide gen_length={gen_length}; pick a "
+                         f"divisor, or give steps=N (the total step count) instead")
+    out = {k: v for k, v in args.items() if k != "per_step"}
+    out["steps"] = gen_length // per_step
+    return out
+
+
+def check_policy(spec: str, args: dict | None, *, gen_length: int, num_regions: int = 1) -> None:
+    """Build and set up a named policy without a model, so a bad name, argument or value fails before any model
+    loads or any decoding starts (the commands call it first). A learned policy reads its controller or filters
+    from disk here; whether they fit the backbone is checked when the model is there."""
+    policy = make_policy(spec, **(with_steps(spec, args, gen_length) or {}))
+    policy.setup(gen_length=gen_length, num_regions=num_regions)
 
 
 # what a required policy argument is, for the error that asks for it

@@ -184,6 +184,9 @@ def make_reward(spec: str, prompts: str, group_size: int, code_penalty: bool, wo
 
 
 def _rl(args):
+    from tracelock.extras import require_extra
+
+    require_extra("report", "rl", "draws reward_curve.png")
     from tracelock.progress import progress_bar
 
     reward = make_reward(args.reward, args.prompts, args.group_size, args.code_penalty, device=args.device)

@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from tracelock.serve.auth import RequireAPIKey
 from tracelock.serve.config import ServeConfig
 from tracelock.serve.protocol import APIError, ChatRequest, CompletionRequest, parse_body
 from tracelock.serve.scheduler import Result, Scheduler, Submission
@@ -99,6 +100,8 @@ async def _disconnected(request: Request) -> None:
 def create_app(state: ServerState) -> FastAPI:
     config, metrics = state.config, state.metrics
     app = FastAPI(title="tracelock", docs_url=None, redoc_url=None, openapi_url=None)
+    if config.api_key is not None:
+        app.add_middleware(RequireAPIKey, api_key=config.api_key)
 
     def error_response(err: APIError, endpoint: str) -> JSONResponse:
         metrics.inc("requests_total", endpoint=endpoint, outcome="error")

@@ -4,10 +4,13 @@ Uvicorn + FastAPI: a maintained ASGI stack whose streaming responses are cancell
 (which is how a dropped stream frees its batch slot), with pydantic (already FastAPI's) for strict request bodies.
 """
 
+import os
 import socket
 from pathlib import Path
 
 DTYPES = ("float32", "bfloat16", "float16")
+# the key clients must send when --api-key is not given (keeps it off the command line, where `ps` shows it)
+API_KEY_ENV = "TRACELOCK_API_KEY"
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:
@@ -50,9 +53,14 @@ def serve_config(args, max_positions: int):
     block = args.block if args.block or args.window else 32
     policies = parse_served_policies(args.policy, block=block, window=args.window, cache=args.cache)
     name = args.served_model_name or Path(str(args.model)).name
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise ValueError("--served-model-name is empty; give the model id clients send, e.g. LLaDA-8B-Instruct")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    if api_key is not None and (not api_key.strip() or any(c.isspace() for c in api_key)):
+        raise ValueError("--api-key must be a non-empty key without spaces (clients send it as 'Bearer KEY')")
     return ServeConfig(model_name=name, policies=policies, max_positions=max_positions, max_tokens=args.max_tokens,
                        default_max_tokens=args.default_max_tokens, max_batch=args.max_batch,
-                       gen_lengths=_gen_lengths(args.gen_lengths))
+                       gen_lengths=_gen_lengths(args.gen_lengths), api_key=api_key)
 
 
 def build_state(args):
@@ -96,7 +104,8 @@ def run_serve(args) -> int:
     state.scheduler.start()
     host, port = sock.getsockname()[:2]
     print(f"tracelock serve: {state.config.model_name} on http://{args.host}:{port}/v1 "
-          f"(policies {', '.join(p.label for p in state.config.policies)}; max batch {args.max_batch})",
+          f"(policies {', '.join(p.label for p in state.config.policies)}; max batch {args.max_batch}"
+          f"{'; API key required' if state.config.api_key else ''})",
           flush=True)
     server = uvicorn.Server(uvicorn.Config(create_app(state), log_level=args.log_level, timeout_graceful_shutdown=5))
     try:
@@ -109,7 +118,11 @@ def run_serve(args) -> int:
 def add_parsers(sub) -> None:
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching at step granularity")
     p.add_argument("--model", required=True, help='checkpoint folder, or "testbed" (the bundled model)')
-    p.add_argument("--served-model-name", help="the model id clients send (default: the folder's name, or testbed)")
+    p.add_argument("--served-model-name", help="the model id clients send and /v1/models lists (default: the folder's "
+                                               "name, or testbed)")
+    p.add_argument("--api-key", help="require this key on /v1/* (Authorization: Bearer KEY, the openai client's "
+                                     "api_key); other requests get a 401. /health and /metrics stay open (default: "
+                                     f"${API_KEY_ENV}, else no key)")
     p.add_argument("--policy", default="threshold:tau=0.9",
                    help="comma-separated policies a request may choose (its \"policy\" field), the first the default; "
                         "name[:key=value...] as `tracelock eval --policies`, plus block=N / window=N / cache=... "

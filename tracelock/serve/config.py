@@ -87,6 +87,7 @@ class ServeConfig:
     default_max_tokens: int = 128  # a request without max_tokens
     max_batch: int = 16
     gen_lengths: tuple | None = None  # the only generation lengths engines run; None: every multiple of the width
+    api_key: str | None = field(default=None, repr=False)  # what /v1/* requests must send; None: no key
     by_label: dict = field(init=False, repr=False)
 
     def __post_init__(self):
