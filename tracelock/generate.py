@@ -101,7 +101,7 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
                       cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed, observer=observer,
                       cache=cache, refresh_every=refresh_every, refresh_shift=refresh_shift,
                       apply_commits=partial(ops.apply_commits, impl=commits_impl),
-                      skip_blocks=partial(ops.skip_finished_blocks, impl=blocks_impl),
-                      window_stats=partial(ops.window_logits_stats, impl=kernels_impl),
+                      skip_finished_blocks=partial(ops.skip_finished_blocks, impl=blocks_impl),
+                      window_logits_stats=partial(ops.window_logits_stats, impl=kernels_impl),
                       tap_project=partial(ops.tap_project, impl=kernels_impl),
                       commit_step=partial(ops.commit_step, impl=kernels_impl))

@@ -26,4 +26,5 @@ def reference_generate(model, input_ids, *, policy, gen_length, block=None, wind
                       policy_args=policy_args, attention_mask=attention_mask, temperature=temperature,
                       cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed, observer=observer,
                       cache=cache, refresh_every=refresh_every, refresh_shift=refresh_shift,
-                      apply_commits=apply_commits_ref, skip_blocks=skip_finished_blocks_ref)
+                      apply_commits=apply_commits_ref,
+                      skip_finished_blocks=skip_finished_blocks_ref)

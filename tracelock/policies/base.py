@@ -101,6 +101,12 @@ class Policy:
     def __init__(self) -> None:
         self._steps_per_region: int | None = None
 
+    @classmethod
+    def deterministic_with(cls, **kwargs) -> bool:
+        """Whether the policy built with these arguments is deterministic, read without building it (which for a
+        learned policy loads a checkpoint)."""
+        return cls.deterministic
+
     def setup(self, *, gen_length: int, num_regions: int) -> None:
         """Validate against the schedule and precompute.
 

@@ -33,6 +33,10 @@ class _DreamPolicy(Policy):
             self.deterministic = False
         self._keep = torch.zeros(0)
 
+    @classmethod
+    def deterministic_with(cls, **kwargs) -> bool:
+        return cls.deterministic and not kwargs.get("alg_temp")
+
     def setup(self, *, gen_length: int, num_regions: int) -> None:
         super().setup(gen_length=gen_length, num_regions=num_regions)
         s = self._steps_per_region = split_steps(self.steps, gen_length, num_regions)
