@@ -19,9 +19,9 @@ from tracelock.models import write_tiny_checkpoint
 from tracelock.policies import make_policy
 from tracelock.policies.base import Lookahead, StepInput
 from tracelock.policies.l2p import L2PHiddenPolicy, L2PPolicy
+from tracelock.recording.recorder import record
 from tracelock.signals import Signals
 from tracelock.testing import random_prompts
-from tracelock.traces.recorder import record
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 G, BLOCK = 16, 4

@@ -15,9 +15,10 @@ shapes, one host read per step, the step compiled with ``torch.compile`` (`trace
 from functools import partial
 
 from tracelock import ops
-from tracelock.checks import check_decode_inputs, policy_args_for
+from tracelock.checks import check_decode_inputs
 from tracelock.decode.compiled import compile_requested, eager_reason, generate_compiled, warn_eager
 from tracelock.decode.loop import run_decode
+from tracelock.policies import policy_args_for
 
 # what each `impl` of fused_generate runs per op: the ops lack some implementations (the kernels have no C++
 # version, the bookkeeping no Triton one, the block advance no CUDA one), so a family maps to its nearest

@@ -17,7 +17,7 @@ from .l2p import L2PHiddenPolicy, L2PPolicy
 from .llada import ConfidencePolicy, RandomPolicy, TopKPolicy
 from .tracelock import TraceLockPolicy
 
-__all__ = ["POLICIES", "Policy", "StepInput", "make_policy"]
+__all__ = ["POLICIES", "Policy", "StepInput", "make_policy", "policy_args_for"]
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
@@ -98,3 +98,14 @@ def _check_kind(policy: str, name: str, value, param: inspect.Parameter) -> None
         raise TypeError(f"policy {policy!r}: {name}={value!r} is not {what}; pass {what}{default}")
     if kinds == {"int"} and not isinstance(value, int):
         raise TypeError(f"policy {policy!r}: {name}={value!r} is not an int; pass a whole number{default}")
+
+
+def policy_args_for(model, policy, policy_args) -> dict:
+    """The keyword arguments a named policy is built with: ``policy_args``, plus the backbone for a learned policy
+    that takes ``model=`` (TraceLock, Learn2PD), so a controller or filter made for another backbone is refused
+    when it loads rather than decoding silently with the wrong one."""
+    args = dict(policy_args or {})
+    cls = POLICIES.get(policy) if isinstance(policy, str) else None
+    if cls is not None and "model" not in args and "model" in inspect.signature(cls.__init__).parameters:
+        args["model"] = model
+    return args
