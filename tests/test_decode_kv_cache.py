@@ -62,7 +62,7 @@ def test_refreshing_every_step_is_the_uncached_decode(peaked, cache, schedule):
 
 def _fastdllm_cached(model, prompt, block, tau, dual):
     """Fast-dLLM v1's generate_with_prefix_cache / generate_with_dual_cache for one LLaDA row and the threshold rule,
-    written from BASELINES.md §4: each block starts with a full forward that refreshes the cache and is also the
+    written from Fast-dLLM v1's rule: each block starts with a full forward that refreshes the cache and is also the
     block's first step; later steps recompute the block plus the suffix (prefix) or the block alone (dual)."""
     mask_id = model.spec.mask_id
     x = torch.tensor([prompt + [mask_id] * G])

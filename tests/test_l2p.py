@@ -173,7 +173,7 @@ def test_truncate_after():
 
 @torch.no_grad()
 def upstream_l2p(model, prompt, filt, threshold, gen_length, block):
-    """Learn2PD's ``generate_l2p_eot`` at batch size 1, written from BASELINES.md §5: a real shorter canvas after
+    """Learn2PD's ``generate_l2p_eot`` at batch size 1, written from its rule: a real shorter canvas after
     each truncation. Two choices where upstream is undefined: a truncated block feeds zeros to the filter, and the
     scheduled k never exceeds the block's masked positions."""
     mask_id, eos = model.spec.mask_id, model.spec.eos_id

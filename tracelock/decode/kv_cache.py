@@ -1,6 +1,6 @@
 """The decoding loop's approximate KV cache: which rows refresh at a step, and what a cached step recomputes.
 
-Two modes, Fast-dLLM's generalised to the sliding window (BASELINES.md §4):
+Two modes, Fast-dLLM v1's generalised to the sliding window (docs/kv-cache.md):
 - ``"prefix"``: positions left of the row's *refresh pointer* reuse the keys and values of its last refresh; every
   position from the pointer to the end of the canvas is recomputed at every step;
 - ``"dual"``: only the positions from the pointer to the end of the commit region are recomputed; keys and values

@@ -1,6 +1,6 @@
 """Where a step may commit (the commit region) and what a step schedule counts (the schedule region).
 
-Three schedules (DESIGN.md §3), each usable with every policy:
+Three schedules (docs/design.md, "Data flow"), each usable with every policy:
 - ``block=N``: semi-AR blocks of N positions. A block ends as soon as it has no active position; with
   ``idle_steps=True`` it ends only when the step counter also reaches the block's budget (the reference
   release's ``block = step // steps_per_block`` artifact: floor (num_blocks - 1) * steps_per_block + 1).

@@ -1,4 +1,5 @@
-"""Heuristic decoding policies behind one interface (:class:`Policy`), and a name registry.
+"""The decoding policies behind one interface (:class:`Policy`): the published rules (LLaDA, Dream, Fast-dLLM)
+and the learned ones (TraceLock, Learn2PD); the name registry and the arguments a named policy is built with.
 
 Examples::
 

@@ -1,4 +1,4 @@
-"""The interface every heuristic decoding policy implements, plus the selection helpers they share.
+"""The interface every decoding policy implements, rule-based or learned, plus the selection helpers they share.
 
 A step hands a policy the signals of R candidate slots per row (the commit region: a semi-AR block or
 the soft-crop window, padded across rows) and the counters of the *schedule region* (the block, or the

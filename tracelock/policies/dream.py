@@ -1,4 +1,4 @@
-"""Dream's ``diffusion_generate`` algorithms (DreamLM; BASELINES.md §2): origin, maskgit_plus, topk_margin, entropy.
+"""Dream's ``diffusion_generate`` algorithms (DreamLM): origin, maskgit_plus, topk_margin, entropy.
 
 Per schedule region, ``ts = linspace(1, eps, S + 1)`` in fp32 and step i uses t = ts[i], s = ts[i + 1].
 ``origin`` reveals each active slot with probability 1 - s/t (1 at the last step). The others commit
