@@ -34,8 +34,8 @@ import torch
 from tracelock import states
 from tracelock.decode import step as verbs
 from tracelock.decode.canvas import Canvas
-from tracelock.decode.kv_cache import default_refresh_shift, needs_refresh, trigger_shift, validate_cache
-from tracelock.decode.schedule import RowCounters, Schedule
+from tracelock.decode.kv_cache import needs_refresh, trigger_shift
+from tracelock.decode.schedule import RowCounters
 from tracelock.kernels.ref import (
     apply_commits_ref,
     commit_margin_threshold,
@@ -44,7 +44,6 @@ from tracelock.kernels.ref import (
     window_logits_stats_ref,
 )
 from tracelock.models.backbone import KVCache
-from tracelock.policies import make_policy
 from tracelock.signals import Signals
 
 # the packed flags of a step: live rows, rows that refresh, rows that take a cached step (16 bits each)
@@ -159,10 +158,10 @@ class DecodeEngine:
         if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots < 1 << _BITS:
             raise ValueError(f"slots={slots!r} must be an int in [1, {(1 << _BITS) - 1}] (the batch rows)")
         # the block advance as tensor ops, which a graph can hold
-        schedule = Schedule(gen_length, block, window, idle_steps, _skip_finished_blocks)
-        validate_cache(cache, refresh_every, refresh_shift, schedule.kind, 0.0)
-        if cache is not None and refresh_shift is None and schedule.kind == "window":
-            refresh_shift = default_refresh_shift(window)
+        schedule, self.policy, refresh_shift = verbs.setup_run(
+            policy, policy_args, gen_length=gen_length, block=block, window=window, idle_steps=idle_steps,
+            cache=cache, refresh_every=refresh_every, refresh_shift=refresh_shift, cfg_scale=0.0,
+            skip_finished_blocks=_skip_finished_blocks)
         spec = model.spec
         if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
             raise ValueError(f"prompt_len={prompt_len!r} must be a positive int (the prompt bucket)")
@@ -170,11 +169,9 @@ class DecodeEngine:
             raise ValueError(f"prompt_len ({prompt_len}) + gen_length ({gen_length}) exceeds the model's "
                              f"{spec.max_positions} positions; use prompt_bucket() or lower gen_length")
         self.model, self.spec, self.device = model, spec, model.device
-        self.policy = make_policy(policy, **(policy_args or {}))
         if not isinstance(self.policy.name, str) or self.policy.name == "oracle":
             raise ValueError("the oracle policy indexes a reference canvas by fused_generate's batch rows, which an "
                              "engine's slots are not; run it with fused_generate (the eager loop)")
-        self.policy.setup(gen_length=gen_length, num_regions=schedule.num_regions)
         self.schedule = schedule
         self.num_slots, self.prompt_len, self.gen_length = slots, prompt_len, gen_length
         self.length = prompt_len + gen_length  # the canvas: prompt bucket + generation

@@ -18,9 +18,7 @@ import torch
 
 from tracelock.decode import step as verbs
 from tracelock.decode.canvas import prepare_canvas
-from tracelock.decode.kv_cache import DecodeKVCache, default_refresh_shift, validate_cache
-from tracelock.decode.schedule import Schedule
-from tracelock.policies import make_policy
+from tracelock.decode.kv_cache import DecodeKVCache
 
 
 @dataclass
@@ -61,12 +59,10 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
     policies whose ``commit_rule`` is that op's rule (not with an observer, which needs the chosen slots).
     ``cache`` / ``refresh_every`` / ``refresh_shift``: the approximate KV cache (`tracelock.decode.kv_cache`)."""
     verbs.check_options(model, temperature, cfg_scale)
-    schedule = Schedule(gen_length, block, window, idle_steps, skip_finished_blocks)
-    validate_cache(cache, refresh_every, refresh_shift, schedule.kind, cfg_scale)
-    if cache is not None and refresh_shift is None and schedule.kind == "window":
-        refresh_shift = default_refresh_shift(window)
-    policy = make_policy(policy, **(policy_args or {}))
-    policy.setup(gen_length=gen_length, num_regions=schedule.num_regions)
+    schedule, policy, refresh_shift = verbs.setup_run(
+        policy, policy_args, gen_length=gen_length, block=block, window=window, idle_steps=idle_steps, cache=cache,
+        refresh_every=refresh_every, refresh_shift=refresh_shift, cfg_scale=cfg_scale,
+        skip_finished_blocks=skip_finished_blocks)
     spec, device = model.spec, model.device
     canvas = prepare_canvas(spec, input_ids, attention_mask, gen_length, device)
     generator = torch.Generator(device=device).manual_seed(seed)

@@ -15,8 +15,10 @@ import torch
 
 from tracelock import states
 from tracelock.decode.canvas import Canvas, truncate_after
+from tracelock.decode.kv_cache import default_refresh_shift, validate_cache
 from tracelock.decode.schedule import RowCounters, Schedule
 from tracelock.models.backbone import DiffusionBackbone
+from tracelock.policies import make_policy
 from tracelock.policies.base import Lookahead, Policy, StepInput
 from tracelock.signals import Signals, apply_cfg, compute_signals
 
@@ -47,6 +49,19 @@ def check_options(model, temperature, cfg_scale) -> None:
         raise ValueError(f"temperature={temperature!r} must be >= 0 (0 = greedy)")
     if not cfg_scale >= 0:
         raise ValueError(f"cfg_scale={cfg_scale!r} must be >= 0 (0 = no classifier-free guidance)")
+
+
+def setup_run(policy, policy_args, *, gen_length, block, window, idle_steps, cache, refresh_every, refresh_shift,
+              cfg_scale, skip_finished_blocks) -> tuple:
+    """(schedule, policy, refresh_shift): the run's schedule, its policy set up for it, and the cache's refresh
+    shift with its default; every setting is checked here, before any work."""
+    schedule = Schedule(gen_length, block, window, idle_steps, skip_finished_blocks)
+    validate_cache(cache, refresh_every, refresh_shift, schedule.kind, cfg_scale)
+    if cache is not None and refresh_shift is None and schedule.kind == "window":
+        refresh_shift = default_refresh_shift(window)
+    policy = make_policy(policy, **(policy_args or {}))
+    policy.setup(gen_length=gen_length, num_regions=schedule.num_regions)
+    return schedule, policy, refresh_shift
 
 
 def decode_settings(policy: Policy, schedule: Schedule, *, block, window, temperature, cfg_scale, stop_at_eot,
