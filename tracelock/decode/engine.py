@@ -188,7 +188,7 @@ class DecodeEngine:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.budget = verbs.step_budget(schedule, self.steps_per_region)
         self.lookahead = verbs.lookahead_width(self.policy, schedule, cache)
-        self.shift = spec.logit_shift
+        self.logit_shift = spec.logit_shift
         self.cached_width = self._cached_width(schedule)  # query rows of a cached step
         self._setup_ops()
         self._allocate()
@@ -216,7 +216,7 @@ class DecodeEngine:
             width = min(self.gen_length, self.refresh_shift - 1 + schedule.window)
         else:
             width = self.gen_length
-        return width + self.shift
+        return width + self.logit_shift
 
     def _setup_ops(self):
         """The per-step ops inside the graphs: the torch specs on CPU (inductor fuses them), the Triton kernels on
@@ -554,10 +554,11 @@ class DecodeEngine:
         # padding rows (not cached this step) span from their first slot (a finished row's slots sit at L - 1, left
         # of its region's start L), so the positions they ask for are there too
         start = torch.where(cached[rows], start, query[:, 0])
-        recompute = ((start - self.shift)[:, None] + span).minimum(end[:, None] - 1).clamp(0, L - 1)
+        recompute = ((start - self.logit_shift)[:, None] + span).minimum(end[:, None] - 1).clamp(0, L - 1)
         fresh = None
         if self.policy.needs_taps:
-            fresh = (start[:, None] + span[:self.cached_width - self.shift]).minimum(end[:, None] - 1).clamp(0, L - 1)
+            fresh = start[:, None] + span[:self.cached_width - self.logit_shift]
+            fresh = fresh.minimum(end[:, None] - 1).clamp(0, L - 1)
         if k == self.num_slots:  # every row in slot order: the cache itself (no copy), without the sink row
             kv = KVCache([t[:k] for t in self.kv.keys], [t[:k] for t in self.kv.values])
         else:
