@@ -51,7 +51,7 @@ def compute_signals(
     generator: torch.Generator | None = None,
     tempered: bool = False,
 ) -> Signals:
-    """Proposal and scores of every candidate slot.
+    """The `Signals` of every candidate slot from its logits.
 
     Args:
         logits (torch.Tensor): [B, R, V] logits of the candidate slots, any float dtype.
