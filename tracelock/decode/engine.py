@@ -10,8 +10,9 @@ prompt bucket), a commit region of ``R`` slots, a KV cache of every slot's full 
 2. one or two *forwards* (graphs per row count): the rows that need the forward, gathered in slot order and padded
    to a power-of-two row count (`row_bucket`), so a batch whose rows finish at different times does not keep
    paying for the finished ones, as the eager loop drops them;
-3. *finish* (one graph over every slot): the policy's decision as tensor ops, the commits, the block advance, the
-   cache bookkeeping, each row's commit count logged on the device.
+3. *finish* (one graph over every slot): the step closed by the eager loop's own verbs (`tracelock.decode.step`:
+   `step_input`, `close_step`, the schedule's advance), then the cache bookkeeping and each row's commit count,
+   logged on the device.
 
 A row decodes exactly as `fused_generate` decodes its prompt alone with the same settings (tokens, steps, commits
 per step, refreshes; fp32 CPU), tested in tests/test_decode_engine.py. With ``compile=True`` each graph goes
