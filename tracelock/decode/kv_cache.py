@@ -1,4 +1,5 @@
-"""The decoding loop's approximate KV cache: which rows refresh at a step, and what a cached step recomputes.
+"""The approximate KV cache: which rows refresh at a step (`needs_refresh`, both drivers' rule) and what a cached
+step recomputes (`DecodeKVCache`, the eager loop's per-row cache; the engine keeps the same state in its buffers).
 
 Two modes, Fast-dLLM v1's generalised to the sliding window (docs/kv-cache.md):
 - ``"prefix"``: positions left of the row's *refresh pointer* reuse the keys and values of its last refresh; every
@@ -89,7 +90,6 @@ class DecodeKVCache:
         self.split_steps = 0  # steps that ran two forwards (some rows refreshed, some did not)
         self.kv: KVCache | None = None  # every row's keys/values, [B, n_kv, L, hd] per layer
         self.taps: tuple | None = None  # every row's taps (or folded tap inputs) at the refresh, [B, L, X] each
-
 
     def step(self, forward, rows, positions, lo, hi, T: int | None):
         """Run one step's forwards for ``rows`` [b] (slots at canvas ``positions`` [b, R], commit regions [lo, hi)
