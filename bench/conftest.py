@@ -164,8 +164,8 @@ def _quick_controller(folder: Path, model) -> Path:
     """collect -> fit-encoder -> featurize -> train on the testbed, at the sizes of QUICK_CONTROLLER; returns
     the folder, which also holds the traces and the feature cache the trace-store benchmark measures."""
     from tracelock.features import fit_encoder
+    from tracelock.recording.collect import collect
     from tracelock.traces.cache import featurize
-    from tracelock.traces.collect import collect
     from tracelock.traces.filters import FilterConfig
     from tracelock.traces.store import iter_traces
     from tracelock.train.controller import TrainConfig, train
@@ -227,7 +227,7 @@ def _quick_l2p(folder: Path, model, block: int) -> Path:
     from tracelock.features import backbone_fingerprint
     from tracelock.l2p.data import block_examples
     from tracelock.l2p.train import fit_filter
-    from tracelock.traces.collect import collect
+    from tracelock.recording.collect import collect
     from tracelock.traces.filters import FilterConfig
     from tracelock.traces.store import iter_traces
 

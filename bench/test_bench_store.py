@@ -1,7 +1,7 @@
 """Trace store and feature cache: bytes per trace (extra_info) and the time to read them back.
 
 Measured on the testbed's quick-controller run (``quick_run``: 8 math traces at gen 64, every step recorded, an
-fp16 cache), against the reference release's ~35 MB per 256-token trace (docs/BASELINES.md).
+fp16 cache), against the reference release's ~35 MB per 256-token trace.
 """
 
 import pytest

@@ -119,7 +119,7 @@ def test_task_lists():
     assert split_tasks("gsm8k:data/test.jsonl,humaneval") == ["gsm8k:data/test.jsonl", "humaneval"]
     with pytest.raises(ValueError, match="names no task"):
         split_tasks(" , ")
-    from tracelock.traces.collect import load_items
+    from tracelock.recording.collect import load_items
 
     spelled = [it.id for it in load_items("testbed:math,testbed:code", 2)]
     assert spelled == [it.id for it in load_items("testbed:math,code", 2)]

@@ -32,8 +32,8 @@ def made(tmp_path_factory):
     from tracelock.features import load_encoder
     from tracelock.l2p.data import block_examples
     from tracelock.l2p.train import fit_filter
+    from tracelock.recording.collect import collect
     from tracelock.traces.cache import featurize
-    from tracelock.traces.collect import collect
     from tracelock.traces.filters import FilterConfig
     from tracelock.traces.store import iter_traces
     from tracelock.train.controller import TrainConfig, train
@@ -142,7 +142,7 @@ def _read_items(folder):
 
 
 def _read_prompts(path):
-    from tracelock.traces.collect import load_items
+    from tracelock.recording.collect import load_items
     return lambda: load_items(str(path), None)
 
 
@@ -259,7 +259,7 @@ def test_the_command_line_prints_one_line_not_a_traceback(made, tmp_path, capsys
 
 def test_a_second_writer_of_one_folder_is_refused_and_nothing_is_touched(made, tmp_path):
     """Another process holds the folder (a real second process): collect into it is refused at once."""
-    from tracelock.traces.collect import collect
+    from tracelock.recording.collect import collect
 
     out = _copy(made, tmp_path, "traces")
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""

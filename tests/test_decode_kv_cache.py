@@ -10,7 +10,7 @@ import torch
 import tracelock
 from tracelock.decode.canvas import prepare_canvas
 from tracelock.decode.kv_cache import DecodeKVCache
-from tracelock.decode.loop import _forward
+from tracelock.decode.step import forward_rows
 from tracelock.models import write_tiny_checkpoint
 from tracelock.policies.tracelock import TraceLockPolicy
 from tracelock.testing import fresh_controller, random_prompts
@@ -62,7 +62,7 @@ def test_refreshing_every_step_is_the_uncached_decode(peaked, cache, schedule):
 
 def _fastdllm_cached(model, prompt, block, tau, dual):
     """Fast-dLLM v1's generate_with_prefix_cache / generate_with_dual_cache for one LLaDA row and the threshold rule,
-    written from BASELINES.md §4: each block starts with a full forward that refreshes the cache and is also the
+    written from Fast-dLLM v1's rule: each block starts with a full forward that refreshes the cache and is also the
     block's first step; later steps recompute the block plus the suffix (prefix) or the block alone (dual)."""
     mask_id = model.spec.mask_id
     x = torch.tensor([prompt + [mask_id] * G])
@@ -154,7 +154,7 @@ def test_cached_positions_keep_the_refresh_taps(peaked):
     kv = DecodeKVCache("dual", "window", None, 4, B=B, L=L, shift=peaked.spec.logit_shift, needs_taps=True,
                        device=peaked.device)
 
-    forward = partial(_forward, peaked, canvas, cfg_scale=0.0)
+    forward = partial(forward_rows, peaked, canvas, cfg_scale=0.0)
     _, first = kv.step(forward, rows, positions, lo, hi, T)
     canvas.x[:, lo[0]:lo[0] + 3] = 7  # commits after the refresh; the pointer has not moved far enough
     _, second = kv.step(forward, rows, positions + 3, lo + 3, hi + 3, T)
@@ -162,7 +162,7 @@ def test_cached_positions_keep_the_refresh_taps(peaked):
     start, end = int(lo[0]), int(hi[0]) + 3  # the pointer, the region's end now
     query = torch.arange(start - peaked.spec.logit_shift, end).expand(B, -1)
     fresh = torch.arange(start, end).expand(B, -1)
-    own = _forward(peaked, canvas, rows, positions, fresh, 0.0, kv_cache=kv.kv, query_positions=query)[1]
+    own = forward_rows(peaked, canvas, rows, positions, fresh, 0.0, kv_cache=kv.kv, query_positions=query)[1]
     for old, new, step_own in zip(first, second, own):
         assert new.shape == (B, T, old.shape[-1]) and end < T
         torch.testing.assert_close(new[:, :start], old[:, :start], rtol=0, atol=0)

@@ -27,8 +27,8 @@ from tracelock.eval.diagnostics import (
 )
 from tracelock.models import write_tiny_checkpoint
 from tracelock.policies.tracelock import TraceLockPolicy
+from tracelock.recording.recorder import TraceRecorder
 from tracelock.testing import fresh_controller, random_prompts
-from tracelock.traces.recorder import TraceRecorder
 from tracelock.traces.trace import Trace
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""Every Triton kernel compiles for sm_90 without a GPU (ENVIRONMENT.md §4): ``triton.compile`` with an explicit
+"""Every Triton kernel compiles for sm_90 without a GPU: ``triton.compile`` with an explicit
 GPUTarget runs the real NVIDIA pipeline down to PTX and a cubin from ptxas, and so catches what the interpreter
 tolerates (dot tiles with K < 16, unsupported ops, register or shared-memory overflows).
 

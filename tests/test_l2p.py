@@ -19,9 +19,9 @@ from tracelock.models import write_tiny_checkpoint
 from tracelock.policies import make_policy
 from tracelock.policies.base import Lookahead, StepInput
 from tracelock.policies.l2p import L2PHiddenPolicy, L2PPolicy
+from tracelock.recording.recorder import record
 from tracelock.signals import Signals
 from tracelock.testing import random_prompts
-from tracelock.traces.recorder import record
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 G, BLOCK = 16, 4
@@ -173,7 +173,7 @@ def test_truncate_after():
 
 @torch.no_grad()
 def upstream_l2p(model, prompt, filt, threshold, gen_length, block):
-    """Learn2PD's ``generate_l2p_eot`` at batch size 1, written from BASELINES.md §5: a real shorter canvas after
+    """Learn2PD's ``generate_l2p_eot`` at batch size 1, written from its rule: a real shorter canvas after
     each truncation. Two choices where upstream is undefined: a truncated block feeds zeros to the filter, and the
     scheduled k never exceeds the block's masked positions."""
     mask_id, eos = model.spec.mask_id, model.spec.eos_id

@@ -1,4 +1,4 @@
-"""Our LLaDA / Dream backbones against transformers' Llama / Qwen2 made bidirectional (MODELS.md §10)."""
+"""Our LLaDA / Dream backbones against transformers' Llama / Qwen2 made bidirectional (docs/design.md, "Models")."""
 
 import json
 

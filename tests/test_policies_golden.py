@@ -1,4 +1,5 @@
-"""Golden tests of the heuristic policies, from the published rules (BASELINES.md §1-4) on constructed inputs.
+"""Golden tests of the heuristic policies, from the published rules (docs/design.md, "Where the rules come from")
+on constructed inputs.
 
 Every expected selection below is worked out by hand in the comments, never by calling a policy twice.
 """

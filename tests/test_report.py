@@ -13,8 +13,8 @@ from tracelock.cli import main
 from tracelock.eval.diagnostics import ControllerStepRecorder, divergence_over_items, write_controller_steps
 from tracelock.eval.report import summary_table, write_report
 from tracelock.models import write_tiny_checkpoint
+from tracelock.recording.recorder import TraceRecorder, record
 from tracelock.testing import fresh_controller, random_prompts
-from tracelock.traces.recorder import TraceRecorder, record
 from tracelock.traces.store import TraceWriter, iter_traces
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,5 +1,5 @@
-"""Random-weight backbones at the released shapes: the configs match docs/MODELS.md exactly, the weights follow the
-stated init, and bad arguments name the fix."""
+"""Random-weight backbones at the released shapes: the configs match the released config.json files exactly, the
+weights follow the stated init, and bad arguments name the fix."""
 
 import dataclasses
 
@@ -11,7 +11,7 @@ from tracelock.models.shapes import random_weights, shape_spec
 
 
 @pytest.mark.parametrize("name,params,eot,mask,kv", [
-    ("llada-8b", 8_015_581_184, 126348, 126336, 32),  # MODELS.md §1: parameters of the released safetensors
+    ("llada-8b", 8_015_581_184, 126348, 126336, 32),  # parameters of the released safetensors
     ("dream-7b", 7_615_616_512, 151645, 151666, 4),
 ])
 def test_shapes_have_the_released_parameter_counts_and_ids(name, params, eot, mask, kv):

@@ -65,7 +65,7 @@ def test_dream_checkpoint_matches_bidirectional_qwen2(dream_run):
 
 
 def _independent_loss(folder, x, region, answer_len, step, shift):
-    """LLaDA's SFT loss written from MODELS.md alone: HF Qwen2/Llama logits, shifted by ``shift`` rows
+    """LLaDA's SFT loss written apart from the trainer: HF Qwen2/Llama logits, shifted by ``shift`` rows
     (Dream's sampler: ``cat(logits[:, :1], logits[:, :-1])`` for shift 1)."""
     spec = tracelock.load_model(folder).spec
     t, masked, supervised, region = draw_masks(region, answer_len, mask_generator(0, step), 1e-3)

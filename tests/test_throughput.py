@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import tracelock
-from tracelock.decode.throughput import generate_many, length_batches
 from tracelock.models import write_tiny_checkpoint
 from tracelock.testing import random_prompts
+from tracelock.throughput import generate_many, length_batches
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

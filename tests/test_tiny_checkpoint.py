@@ -17,7 +17,7 @@ CASES = [
     pytest.param("dream", "kernel", id="dream-kernel"),
 ]
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
-# every non-size field of the released configs, docs/MODELS.md section 2
+# every non-size field of the released configs
 LLADA_FIXED = {
     "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0, "architectures": ["LLaDAModelLM"],
     "attention_dropout": 0.0, "attention_layer_norm": False, "attention_layer_norm_with_affine": True,
@@ -261,7 +261,7 @@ def test_plain_text_encoding(micro, tokenizers, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_matches_hf_reference_layout(micro, family):
-    """The tensors load strictly into the HF parity oracles of docs/MODELS.md section 10."""
+    """The tensors load strictly into the HF parity oracles (`tracelock.testing.hf_reference`)."""
     transformers = pytest.importorskip("transformers")
     cfg = _read_json(micro[family], "config.json")
     state = load_file(str(micro[family] / "model.safetensors"))

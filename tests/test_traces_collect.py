@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tracelock.models import write_tiny_checkpoint
+from tracelock.recording.collect import collect, load_items
 from tracelock.traces import filters
-from tracelock.traces.collect import collect, load_items
 from tracelock.traces.filters import FilterConfig, code_reasons, text_reason
 from tracelock.traces.store import iter_traces, load_index, verify
 

@@ -8,8 +8,8 @@ import pytest
 import tracelock
 from tracelock import states
 from tracelock.models import write_tiny_checkpoint
+from tracelock.recording.recorder import TraceRecorder, record
 from tracelock.testing import random_prompts
-from tracelock.traces.recorder import TraceRecorder, record
 from tracelock.traces.store import (
     CorruptShardError,
     TraceWriter,

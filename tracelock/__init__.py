@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "ModelSpec": "tracelock.models",
     "fused_generate": "tracelock.generate",
-    "generate_many": "tracelock.decode.throughput",
+    "generate_many": "tracelock.throughput",
     "load_model": "tracelock.models",
     "load_tokenizer": "tracelock.models",
     "reference_generate": "tracelock.reference",

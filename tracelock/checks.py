@@ -2,12 +2,11 @@
 `load_model`): each bad input raises one error that names the argument and the fix, before any work is done,
 instead of a silent misreading or a raw message from deep inside torch."""
 
-import inspect
 from collections.abc import Mapping
 
 import torch
 
-__all__ = ["check_decode_inputs", "check_device", "check_prompt_lists", "policy_args_for"]
+__all__ = ["check_decode_inputs", "check_device", "check_prompt_lists"]
 
 
 def check_device(device) -> torch.device:
@@ -81,18 +80,3 @@ def check_decode_inputs(model, input_ids, policy_args) -> None:
         # the shape itself is checked with the canvas; a 1-D tensor is one prompt
         if input_ids.dim() in (1, 2):
             _check_id_range(input_ids.reshape(-1, input_ids.shape[-1]), spec.vocab_size, "input_ids")
-
-
-def policy_args_for(model, policy, policy_args, gen_length=None) -> dict:
-    """The keyword arguments a named policy is built with: ``policy_args`` (``per_step=k`` as ``steps=gen_length //
-    k``), plus the backbone for a learned policy that takes ``model=`` (TraceLock, Learn2PD), so a controller or
-    filter made for another backbone is refused when it loads rather than decoding silently with the wrong one."""
-    from tracelock.policies import POLICIES, with_steps
-
-    args = dict(policy_args or {})
-    if isinstance(gen_length, int) and not isinstance(gen_length, bool) and gen_length > 0:
-        args = with_steps(policy, args, gen_length)
-    cls = POLICIES.get(policy) if isinstance(policy, str) else None
-    if cls is not None and "model" not in args and "model" in inspect.signature(cls.__init__).parameters:
-        args["model"] = model
-    return args

@@ -23,8 +23,8 @@ from tracelock.cli_common import (
 # subcommands defined beside their code: each module has `add_parsers(sub)` (keep its heavy imports inside
 # the command functions, so `tracelock --help` stays fast)
 SUBCOMMAND_MODULES = (
-    "tracelock.traces.collect",
-    "tracelock.traces.features_cli",
+    "tracelock.recording.collect",
+    "tracelock.features_cli",
     "tracelock.train.cli",
     "tracelock.l2p.cli",
     "tracelock.train.self_train",

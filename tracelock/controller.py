@@ -1,4 +1,4 @@
-"""The TraceLock controller: one module for training and deployment (paper §3.2, DESIGN.md §3).
+"""The TraceLock controller: one module for training and deployment (paper §3.2; docs/design.md).
 
 Per position the input is the selected code groups of the feature cache / tap encoder
 (``[E_h h1; E_h h2; E_h h3; E_d d1; E_d d2]``), projected to the controller width, plus optional

@@ -15,9 +15,10 @@ shapes, one host read per step, the step compiled with ``torch.compile`` (`trace
 from functools import partial
 
 from tracelock import ops
-from tracelock.checks import check_decode_inputs, policy_args_for
+from tracelock.checks import check_decode_inputs
 from tracelock.decode.compiled import compile_requested, eager_reason, generate_compiled, warn_eager
 from tracelock.decode.loop import run_decode
+from tracelock.policies import policy_args_for
 
 # what each `impl` of fused_generate runs per op: the ops lack some implementations (the kernels have no C++
 # version, the bookkeeping no Triton one, the block advance no CUDA one), so a family maps to its nearest
@@ -107,7 +108,7 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
                       cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed, observer=observer,
                       cache=cache, refresh_every=refresh_every, refresh_shift=refresh_shift,
                       apply_commits=partial(ops.apply_commits, impl=commits_impl),
-                      skip_blocks=partial(ops.skip_finished_blocks, impl=blocks_impl),
-                      window_stats=partial(ops.window_logits_stats, impl=kernels_impl),
+                      skip_finished_blocks=partial(ops.skip_finished_blocks, impl=blocks_impl),
+                      window_logits_stats=partial(ops.window_logits_stats, impl=kernels_impl),
                       tap_project=partial(ops.tap_project, impl=kernels_impl),
                       commit_step=partial(ops.commit_step, impl=kernels_impl))

@@ -1,8 +1,9 @@
 """`reference_generate`: the executable spec of a decoding run, calling only the ``*_ref`` ops."""
 
-from tracelock.checks import check_decode_inputs, policy_args_for
+from tracelock.checks import check_decode_inputs
 from tracelock.decode.loop import run_decode
 from tracelock.kernels.ref import apply_commits_ref, skip_finished_blocks_ref
+from tracelock.policies import policy_args_for
 
 
 def reference_generate(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
@@ -26,4 +27,5 @@ def reference_generate(model, input_ids, *, policy, gen_length, block=None, wind
                       policy_args=policy_args, attention_mask=attention_mask, temperature=temperature,
                       cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed, observer=observer,
                       cache=cache, refresh_every=refresh_every, refresh_shift=refresh_shift,
-                      apply_commits=apply_commits_ref, skip_blocks=skip_finished_blocks_ref)
+                      apply_commits=apply_commits_ref,
+                      skip_finished_blocks=skip_finished_blocks_ref)

@@ -1,4 +1,4 @@
-"""Sandboxed execution of generated Python code (DESIGN.md §8), never in the harness process: a fresh interpreter
+"""Sandboxed execution of generated Python code (docs/evaluation.md), never in the harness process: a fresh interpreter
 per program with resource limits, its own process group, no network where the kernel allows, a scrubbed environment,
 closed stdin and a temporary working directory. A root harness drops the child to ``nobody`` (RLIMIT_NPROC is not
 enforced for root).

@@ -1,8 +1,9 @@
 """Per-step signals of the candidate positions: proposal, confidence, margin, neg-entropy, eos prob.
 
 Everything is computed in fp32 from max-shifted exponentials (a logsumexp); the probabilities over the
-vocabulary live only for the entropy reduction. Semantics follow BASELINES.md §1 (LLaDA: scores from
-softmax(logits) at T = 1, even when the token is sampled) and §2 (Dream: from softmax(logits / T) when T > 0).
+vocabulary live only for the entropy reduction. Semantics follow LLaDA's ``generate`` (scores from softmax(logits)
+at T = 1, even when the token is sampled) and Dream's ``diffusion_generate`` (from softmax(logits / T) when T > 0);
+docs/design.md, "Where the rules come from".
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def compute_signals(
     generator: torch.Generator | None = None,
     tempered: bool = False,
 ) -> Signals:
-    """Proposal and scores of every candidate slot.
+    """The `Signals` of every candidate slot from its logits.
 
     Args:
         logits (torch.Tensor): [B, R, V] logits of the candidate slots, any float dtype.

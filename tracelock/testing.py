@@ -1,4 +1,4 @@
-"""Test helpers shared by tests/ and bench/: the independent HF oracle, the tolerance rules (STYLE.md §6),
+"""Test helpers shared by tests/ and bench/: the independent HF oracle, the tolerance rules,
 random prompts for tiny checkpoints, and a count of host syncs on CUDA."""
 
 import contextlib
@@ -11,7 +11,7 @@ from safetensors import safe_open
 from tracelock.models.loading import _tensor_files
 from tracelock.models.spec import ModelSpec
 
-# official LLaDA key fragment -> transformers Llama fragment (MODELS.md §10); Dream's names equal Qwen2's
+# official LLaDA key fragment -> transformers Llama fragment; Dream's names equal Qwen2's
 _LLADA_TO_LLAMA = [
     ("model.transformer.wte.", "model.embed_tokens."),
     ("model.transformer.ln_f.", "model.norm."),

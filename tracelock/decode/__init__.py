@@ -1,5 +1,7 @@
-"""The decoding loop shared by `reference_generate` and `fused_generate`."""
+"""Decoding: the step's verbs (`step`), the eager loop behind `reference_generate` and `fused_generate` (`loop`),
+the static-shape engine behind ``compile=True`` and the server (`engine`, `compiled`); docs/design.md."""
 
-from tracelock.decode.loop import DecodeStats, run_decode
+from tracelock.decode.loop import run_decode
+from tracelock.decode.step import DecodeStats
 
 __all__ = ["DecodeStats", "run_decode"]

@@ -9,7 +9,6 @@ oracle policy.
 """
 
 import os
-import time
 import warnings
 import weakref
 from collections import OrderedDict
@@ -18,8 +17,8 @@ import torch
 
 from tracelock.decode.canvas import prepare_canvas
 from tracelock.decode.engine import DecodeEngine, prompt_bucket
-from tracelock.decode.loop import DecodeStats, _gen_lengths
-from tracelock.policies import make_policy
+from tracelock.decode.step import DecodeStats, Stopwatch, gen_lengths
+from tracelock.policies import POLICIES
 
 ENV = "TRACELOCK_COMPILE"
 _KEEP = 4
@@ -54,8 +53,11 @@ def eager_reason(policy, policy_args, temperature, cfg_scale, observer) -> str |
         return "the oracle policy indexes its reference canvas by the eager loop's batch rows"
     if temperature > 0:
         return "sampling (temperature > 0) draws from a torch.Generator, which a compiled graph cannot take"
-    deterministic = (make_policy(policy, **(policy_args or {})).deterministic if isinstance(policy, str)
-                     else policy.deterministic)
+    if isinstance(policy, str):
+        # an unknown name runs on: the engine's make_policy says what the known ones are
+        deterministic = policy not in POLICIES or POLICIES[policy].deterministic_with(**(policy_args or {}))
+    else:
+        deterministic = policy.deterministic
     if not deterministic:
         return f"the {policy if isinstance(policy, str) else policy.name!r} policy draws from a torch.Generator"
     return None
@@ -96,18 +98,16 @@ def generate_compiled(model, input_ids, *, attention_mask, policy, policy_args, 
     for r in range(B):
         engine.admit(canvas.x[r, :P] if mask is None else canvas.x[r, :P][mask[r, :P]])
     forwards = engine.forwards
-    start = time.perf_counter()
+    clock = Stopwatch(model.device)
     while engine.step():
         pass
-    if model.device.type == "cuda":
-        torch.cuda.synchronize(model.device)
-    seconds = time.perf_counter() - start
+    seconds = clock.seconds()
     canvas.x = engine.x[:, bucket - P:].clone()
     steps = engine.steps.tolist()
     log = engine.commit_log.tolist()
     stats = DecodeStats(steps=steps, forwards=engine.forwards - forwards,
                         commits_per_step=[row[:n] for row, n in zip(log, steps)], seconds=seconds,
-                        gen_lengths=_gen_lengths(canvas, model.spec.end_ids),
+                        gen_lengths=gen_lengths(canvas.x[:, P:], model.spec.end_ids),
                         refreshes=[0] * B if engine.cache is None else engine.refreshes.tolist(),
                         settings=dict(engine.settings))
     return canvas.x, stats

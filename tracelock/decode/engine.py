@@ -10,8 +10,9 @@ prompt bucket), a commit region of ``R`` slots, a KV cache of every slot's full 
 2. one or two *forwards* (graphs per row count): the rows that need the forward, gathered in slot order and padded
    to a power-of-two row count (`row_bucket`), so a batch whose rows finish at different times does not keep
    paying for the finished ones, as the eager loop drops them;
-3. *finish* (one graph over every slot): the policy's decision as tensor ops, the commits, the block advance, the
-   cache bookkeeping, each row's commit count logged on the device.
+3. *finish* (one graph over every slot): the step closed by the eager loop's own verbs (`tracelock.decode.step`:
+   `step_input`, `close_step`, the schedule's advance), then the cache bookkeeping and each row's commit count,
+   logged on the device.
 
 A row decodes exactly as `fused_generate` decodes its prompt alone with the same settings (tokens, steps, commits
 per step, refreshes; fp32 CPU), tested in tests/test_decode_engine.py. With ``compile=True`` each graph goes
@@ -32,22 +33,19 @@ from functools import partial
 import torch
 
 from tracelock import states
-from tracelock.decode.canvas import Canvas, truncate_after
-from tracelock.decode.kv_cache import default_refresh_shift, validate_cache
-from tracelock.decode.loop import DecodeStats, _check_options, _fold_taps, _forward, _scatter
-from tracelock.decode.schedule import Schedule
+from tracelock.decode import step as verbs
+from tracelock.decode.canvas import Canvas
+from tracelock.decode.kv_cache import needs_refresh, trigger_shift
+from tracelock.decode.schedule import RowCounters
 from tracelock.kernels.ref import (
     apply_commits_ref,
     commit_margin_threshold,
     commit_step_ref,
-    skip_finished_blocks_ref,
     tap_project_ref,
     window_logits_stats_ref,
 )
 from tracelock.models.backbone import KVCache
-from tracelock.policies import make_policy
-from tracelock.policies.base import Lookahead, StepInput
-from tracelock.signals import Signals, compute_signals
+from tracelock.signals import Signals
 
 # the packed flags of a step: live rows, rows that refresh, rows that take a cached step (16 bits each)
 _BITS = 16
@@ -72,17 +70,17 @@ def row_bucket(n: int, slots: int) -> int:
     return min(slots, 1 << max(0, n - 1).bit_length())
 
 
-def _skip_finished_blocks(state, block_idx, region_step, region_initial, steps, rows, P, block, num_regions, S,
-                          idle_steps):
+def _skip_finished_blocks(state, block_idx, region_step, region_initial, steps, rows, prompt_len, block, num_regions,
+                          steps_per_block, idle_steps):
     """`skip_finished_blocks_ref` without its data-dependent loop: a row moves to the first block, at or after its
     own, that it may not skip (a skippable block is empty, not the last, and with ``idle_steps`` has seen its
     budget spent), which is where the reference's one-block-at-a-time loop stops. In place."""
-    N = state.shape[0]
-    counts = (state[:, P:P + num_regions * block] == states.ACTIVE).reshape(N, num_regions, block).sum(-1)
+    P, b = prompt_len, state.shape[0]
+    counts = (state[:, P:P + num_regions * block] == states.ACTIVE).reshape(b, num_regions, block).sum(-1)
     j = torch.arange(num_regions, device=state.device)
     skippable = (counts == 0) & (j < num_regions - 1)
     if idle_steps:
-        skippable &= steps[:, None] >= (j + 1) * S
+        skippable &= steps[:, None] >= (j + 1) * steps_per_block
     stop = (j >= block_idx[:, None]) & ~skippable  # true at the last block at the latest
     new = stop.to(torch.uint8).argmax(1)
     moved = rows & (new != block_idx)
@@ -157,13 +155,14 @@ class DecodeEngine:
     def __init__(self, model, *, policy, gen_length, slots=1, prompt_len=64, block=None, window=None,
                  policy_args=None, stop_at_eot=False, idle_steps=False, cache=None, refresh_every=None,
                  refresh_shift=None, temperature=0.0, seed=0, compile=False, backend=None):
-        _check_options(model, temperature, 0.0)
+        verbs.check_options(model, temperature, 0.0)
         if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots < 1 << _BITS:
             raise ValueError(f"slots={slots!r} must be an int in [1, {(1 << _BITS) - 1}] (the batch rows)")
-        schedule = Schedule(gen_length, block, window, idle_steps, skip_finished_blocks_ref)
-        validate_cache(cache, refresh_every, refresh_shift, schedule.kind, 0.0)
-        if cache is not None and refresh_shift is None and schedule.kind == "window":
-            refresh_shift = default_refresh_shift(window)
+        # the block advance as tensor ops, which a graph can hold
+        schedule, self.policy, refresh_shift = verbs.setup_run(
+            policy, policy_args, gen_length=gen_length, block=block, window=window, idle_steps=idle_steps,
+            cache=cache, refresh_every=refresh_every, refresh_shift=refresh_shift, cfg_scale=0.0,
+            skip_finished_blocks=_skip_finished_blocks)
         spec = model.spec
         if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
             raise ValueError(f"prompt_len={prompt_len!r} must be a positive int (the prompt bucket)")
@@ -171,28 +170,27 @@ class DecodeEngine:
             raise ValueError(f"prompt_len ({prompt_len}) + gen_length ({gen_length}) exceeds the model's "
                              f"{spec.max_positions} positions; use prompt_bucket() or lower gen_length")
         self.model, self.spec, self.device = model, spec, model.device
-        self.policy = make_policy(policy, **(policy_args or {}))
         if not isinstance(self.policy.name, str) or self.policy.name == "oracle":
             raise ValueError("the oracle policy indexes a reference canvas by fused_generate's batch rows, which an "
                              "engine's slots are not; run it with fused_generate (the eager loop)")
-        self.policy.setup(gen_length=gen_length, num_regions=schedule.num_regions)
         self.schedule = schedule
-        self.N, self.P, self.G = slots, prompt_len, gen_length
-        self.L, self.R, self.S = prompt_len + gen_length, schedule.width, self.policy.steps_per_region()
-        schedule.bind(prompt_len, self.S)
+        self.num_slots, self.prompt_len, self.gen_length = slots, prompt_len, gen_length
+        self.length = prompt_len + gen_length  # the canvas: prompt bucket + generation
+        self.width = schedule.width  # the commit region's slots
+        self.steps_per_region = self.policy.steps_per_region()
+        schedule.bind(prompt_len, self.steps_per_region)
         self.cache, self.refresh_every, self.refresh_shift = cache, refresh_every, refresh_shift
         self.stop_at_eot, self.temperature, self.seed = stop_at_eot, temperature, seed
-        self.settings = dict(policy=repr(self.policy), gen_length=gen_length, block=block, window=window,
-                             schedule=schedule.kind, temperature=temperature, cfg_scale=0.0, stop_at_eot=stop_at_eot,
-                             idle_steps=idle_steps, seed=seed, cache=cache, refresh_every=refresh_every,
-                             refresh_shift=refresh_shift)
+        self.settings = verbs.decode_settings(self.policy, schedule, block=block, window=window,
+                                              temperature=temperature, cfg_scale=0.0, stop_at_eot=stop_at_eot,
+                                              idle_steps=idle_steps, seed=seed, cache=cache,
+                                              refresh_every=refresh_every, refresh_shift=refresh_shift)
         self.stochastic = temperature > 0 or not self.policy.deterministic
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        # the eager loop's step budget: a policy that never commits would loop forever
-        self.max_steps = 2 * (gen_length + schedule.num_regions * self.S) + 8
-        self.lookahead = gen_length - self.R if self.policy.eot_lookahead and cache != "dual" else 0
-        self.shift = spec.logit_shift
-        self.Q = self._cached_width(schedule)
+        self.budget = verbs.step_budget(schedule, self.steps_per_region)
+        self.lookahead = verbs.lookahead_width(self.policy, schedule, cache)
+        self.logit_shift = spec.logit_shift
+        self.cached_width = self._cached_width(schedule)  # query rows of a cached step
         self._setup_ops()
         self._allocate()
         self.forwards = 0  # batched forward calls so far (a step that refreshes some rows and not others runs two)
@@ -211,15 +209,15 @@ class DecodeEngine:
         if self.cache is None:
             return 0
         if self.cache == "prefix":
-            width = self.G  # the pointer is at least P: [pointer, L)
+            width = self.gen_length  # the pointer is at least the prompt's end: [pointer, end of canvas)
         elif schedule.kind == "block":
             width = schedule.block  # a cached row's block starts at its pointer
         elif schedule.kind == "window":
             # a cached row's window start moved less than refresh_shift past the pointer
-            width = min(self.G, self.refresh_shift - 1 + schedule.window)
+            width = min(self.gen_length, self.refresh_shift - 1 + schedule.window)
         else:
-            width = self.G
-        return width + self.shift
+            width = self.gen_length
+        return width + self.logit_shift
 
     def _setup_ops(self):
         """The per-step ops inside the graphs: the torch specs on CPU (inductor fuses them), the Triton kernels on
@@ -234,19 +232,16 @@ class DecodeEngine:
             from tracelock.kernels.tap_project import tap_project_triton
             from tracelock.kernels.window_logits_stats import window_logits_stats_triton
 
-            head, project, commit = window_logits_stats_triton, tap_project_triton, commit_step_triton
+            stats, project, commit = window_logits_stats_triton, tap_project_triton, commit_step_triton
         else:
-            head, project, commit = window_logits_stats_ref, tap_project_ref, commit_step_ref
-        self.head_op = head if self.temperature == 0 else None
-        self.commit_op = commit
-        self.tap_op = None
-        if self.head_op is not None and self.policy.needs_taps:
-            fold = self.policy.tap_fold(self.model)
-            if fold is not None:
-                self.tap_op = partial(_fold_taps, project, *fold)
+            stats, project, commit = window_logits_stats_ref, tap_project_ref, commit_step_ref
+        self.commit_step = commit
+        self.window_logits_stats, self.tap_project = verbs.forward_ops(
+            self.policy, self.model, window_logits_stats=stats, tap_project=project, temperature=self.temperature,
+            cfg_scale=0.0)
 
     def _allocate(self):
-        N, L, dev, spec = self.N, self.L, self.device, self.spec
+        N, L, dev, spec = self.num_slots, self.length, self.device, self.spec
         long = dict(dtype=torch.long, device=dev)
         self.x = torch.full((N, L), spec.pad_id, **long)
         self.state = torch.full((N, L), states.PROMPT, dtype=torch.uint8, device=dev)
@@ -254,17 +249,17 @@ class DecodeEngine:
         self.first_active = torch.full((N,), L, **long)  # L: the slot has nothing to decode (free or finished)
         self.block_idx, self.region_step = torch.zeros(N, **long), torch.zeros(N, **long)
         self.region_initial, self.steps = torch.zeros(N, **long), torch.zeros(N, **long)
-        self.commit_log = torch.zeros((N, self.max_steps + 1), dtype=torch.int32, device=dev)
+        self.commit_log = torch.zeros((N, self.budget + 1), dtype=torch.int32, device=dev)
         self.end_ids = torch.tensor(spec.end_ids, **long)
         # the forwards write the rows they ran into these (row N is the sink of padding rows)
-        width = self.R + self.lookahead
-        self.scores = (torch.zeros((N + 1, width), **long),) + tuple(
+        width = self.width + self.lookahead
+        self.signal_buffers = (torch.zeros((N + 1, width), **long),) + tuple(
             torch.zeros((N + 1, width), device=dev) for _ in range(4))
         self.taps = None
         if self.policy.needs_taps:
-            X = spec.hidden_size if self.tap_op is None else self.tap_op.args[-1].shape[0]
-            count = 3 if self.tap_op is None else 1
-            dtype = self.model.dtype if self.tap_op is None else torch.float32
+            X = spec.hidden_size if self.tap_project is None else self.tap_project.args[-1].shape[0]
+            count = 3 if self.tap_project is None else 1
+            dtype = self.model.dtype if self.tap_project is None else torch.float32
             self.taps = tuple(torch.zeros((N + 1, L, X), dtype=dtype, device=dev) for _ in range(count))
         if self.cache is not None:
             self.pointer, self.since, self.refreshes = (torch.zeros(N, **long) for _ in range(3))
@@ -306,12 +301,12 @@ class DecodeEngine:
             for t in self._state_tensors():
                 torch._dynamo.mark_static_address(t)
         self._forward_fns = {}
-        self._prepare = self._wrap(self._prepare_impl)
-        self._finish = self._wrap(self._finish_impl, self.generator if self.stochastic else None)
+        self._prepare = self._wrap(self._prepare_body)
+        self._finish = self._wrap(self._finish_body, self.generator if self.stochastic else None)
 
     def _state_tensors(self):
         out = [self.x, self.state, self.attention_mask, self.first_active, self.block_idx, self.region_step,
-               self.region_initial, self.steps, self.commit_log, *self.scores, *(self.taps or ())]
+               self.region_initial, self.steps, self.commit_log, *self.signal_buffers, *(self.taps or ())]
         if self.cache is not None:
             out += [self.pointer, self.since, self.refreshes, *self.kv.keys, *self.kv.values,
                     *(self.stored_taps or ())]
@@ -338,9 +333,9 @@ class DecodeEngine:
         if n == 0:
             raise ValueError("the prompt is empty; every prompt needs at least one token (with a chat model, apply "
                              "the chat template first)")
-        if n > self.P:
-            raise ValueError(f"the prompt has {n} tokens but this engine's prompt bucket is {self.P}; build an engine "
-                             f"with prompt_len=prompt_bucket({n}, ...) for it")
+        if n > self.prompt_len:
+            raise ValueError(f"the prompt has {n} tokens but this engine's prompt bucket is {self.prompt_len}; build "
+                             f"an engine with prompt_len=prompt_bucket({n}, ...) for it")
         outside = (ids < 0) | (ids >= self.spec.vocab_size)
         if bool(outside.any()):
             raise ValueError(f"the prompt's token {int(ids[outside][0])} is outside this model's vocabulary [0, "
@@ -353,11 +348,12 @@ class DecodeEngine:
         if slot is None:
             free = self.free_slots()
             if not free:
-                raise RuntimeError(f"all {self.N} slots are busy; call step() until a row finishes and release() it")
+                raise RuntimeError(f"all {self.num_slots} slots are busy; call step() until a row finishes and "
+                                   "release() it")
             slot = free[0]
         elif self._occupied[slot]:
             raise RuntimeError(f"slot {slot} is busy; release() it first or pass slot=None for any free slot")
-        P = self.P
+        P = self.prompt_len
         self.x[slot] = self.spec.pad_id
         self.x[slot, P - n:P] = ids.to(self.device)
         self.x[slot, P:] = self.spec.mask_id
@@ -369,7 +365,7 @@ class DecodeEngine:
         self.block_idx[slot] = self.region_step[slot] = self.steps[slot] = 0
         self.commit_log[slot] = 0
         # the schedule region's active count when it begins (LLaDA's M): the first block, or the whole generation
-        self.region_initial[slot] = self.schedule.block if self.schedule.kind == "block" else self.G
+        self.region_initial[slot] = self.schedule.block if self.schedule.kind == "block" else self.gen_length
         if self.cache is not None:
             self.pointer[slot] = self.since[slot] = self.refreshes[slot] = 0
         self._occupied[slot], self._prompts[slot] = True, ids
@@ -382,23 +378,23 @@ class DecodeEngine:
         self.state[slot] = states.PROMPT
         self.x[slot] = self.spec.pad_id
         self.attention_mask[slot] = True
-        self.first_active[slot] = self.L
+        self.first_active[slot] = self.length
         self._occupied[slot], self._prompts[slot] = False, None
 
     cancel = release
 
     def reset(self) -> None:
         """Free every slot and restart the generator from the engine's seed (a fresh run on the same graphs)."""
-        for slot in range(self.N):
+        for slot in range(self.num_slots):
             if self._occupied[slot]:
                 self.release(slot)
         # a policy object may have been set up for other settings since (setup is cheap and idempotent)
-        self.policy.setup(gen_length=self.G, num_regions=self.schedule.num_regions)
+        self.policy.setup(gen_length=self.gen_length, num_regions=self.schedule.num_regions)
         self.generator.manual_seed(self.seed)
 
     def _check_slot(self, slot):
-        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.N:
-            raise ValueError(f"slot={slot!r} must be an int in [0, {self.N})")
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot={slot!r} must be an int in [0, {self.num_slots})")
 
     def busy_slots(self) -> list:
         """Slots that hold a prompt, decoding or finished (not yet released)."""
@@ -406,7 +402,7 @@ class DecodeEngine:
 
     def finished_slots(self) -> list:
         """Busy slots whose row is done (one host read for all of them): release them to free the slot."""
-        done = (self.first_active == self.L).tolist()
+        done = (self.first_active == self.length).tolist()
         return [i for i in self.busy_slots() if done[i]]
 
     def finished(self, slot: int) -> bool:
@@ -414,13 +410,13 @@ class DecodeEngine:
         self._check_slot(slot)
         if not self._occupied[slot]:
             raise ValueError(f"slot {slot} holds no prompt")
-        return int(self.first_active[slot]) == self.L
+        return int(self.first_active[slot]) == self.length
 
     def prefix(self, slot: int) -> list:
         """The committed left-to-right prefix of the slot's generation: the generated tokens before its first
         still-masked position, cut before the first end token (what a stream may already send)."""
         self._check_slot(slot)
-        gen = self.x[slot, self.P:int(self.first_active[slot])].tolist()
+        gen = self.x[slot, self.prompt_len:int(self.first_active[slot])].tolist()
         ends = set(self.spec.end_ids)
         cut = next((i for i, t in enumerate(gen) if t in ends), len(gen))
         return gen[:cut]
@@ -433,15 +429,14 @@ class DecodeEngine:
             raise ValueError(f"slot {slot} holds no prompt")
         prompt = self._prompts[slot]
         n = prompt.numel()
-        tokens = self.x[slot:slot + 1, self.P - n:].clone()
+        tokens = self.x[slot:slot + 1, self.prompt_len - n:].clone()
         steps = int(self.steps[slot])
-        gen = tokens[0, n:]
-        is_end = torch.isin(gen, self.end_ids)
-        gen_length = int(is_end.to(torch.uint8).argmax()) if bool(is_end.any()) else self.G
-        stats = DecodeStats(steps=[steps], forwards=steps, commits_per_step=[self.commit_log[slot, :steps].tolist()],
-                            seconds=time.perf_counter() - self._started[slot], gen_lengths=[gen_length],
-                            refreshes=[int(self.refreshes[slot])] if self.cache is not None else [0],
-                            settings=dict(self.settings))
+        stats = verbs.DecodeStats(steps=[steps], forwards=steps,
+                                  commits_per_step=[self.commit_log[slot, :steps].tolist()],
+                                  seconds=time.perf_counter() - self._started[slot],
+                                  gen_lengths=verbs.gen_lengths(tokens[:, n:], self.end_ids),
+                                  refreshes=[int(self.refreshes[slot])] if self.cache is not None else [0],
+                                  settings=dict(self.settings))
         return tokens, stats
 
     # ---- one step -------------------------------------------------------------------------------------------
@@ -460,13 +455,13 @@ class DecodeEngine:
                 return False
             self._check_budget()
             if self.cache is None:
-                self._forward_fn("plain", row_bucket(live, self.N))()
+                self._forward_fn("plain", row_bucket(live, self.num_slots))()
                 self.forwards += 1
             else:
                 if refresh:
-                    self._forward_fn("refresh", row_bucket(refresh, self.N))()
+                    self._forward_fn("refresh", row_bucket(refresh, self.num_slots))()
                 if cached:
-                    self._forward_fn("cached", row_bucket(cached, self.N))()
+                    self._forward_fn("cached", row_bucket(cached, self.num_slots))()
                 self.forwards += bool(refresh) + bool(cached)
             self._finish()
         self._steps += 1
@@ -475,37 +470,24 @@ class DecodeEngine:
     def _check_budget(self):
         """The eager loop's error for a policy that never commits, checked on the host from admission times (the
         device is read only once a slot is past its budget)."""
-        old = [i for i in self.busy_slots() if self._steps - self._admitted_at[i] >= self.max_steps]
-        if old and any(int(self.first_active[i]) < self.L for i in old):
-            raise RuntimeError(f"policy {self.policy!r} left positions uncommitted after {self.max_steps} steps; "
-                               "a policy must commit at least one active position within its step budget")
+        old = [i for i in self.busy_slots() if self._steps - self._admitted_at[i] >= self.budget]
+        if old and any(int(self.first_active[i]) < self.length for i in old):
+            raise verbs.budget_error(self.policy, self.budget)
 
-    def _bounds(self, block_idx, first_active):
-        """(lo, hi, pos, valid, gather_pos) of rows: the commit region [lo, hi) and its R slots."""
-        lo, hi = self.schedule.commit_bounds(block_idx, first_active)
-        pos = lo[:, None] + torch.arange(self.R, device=lo.device)
-        return lo, hi, pos, pos < hi[:, None], pos.clamp(max=self.L - 1)
-
-    def _needs_refresh(self, live, lo):
-        need = self.since == 0
-        # blocks refresh when the block start moves at all
-        shift = 1 if self.schedule.kind == "block" else self.refresh_shift
-        if shift is not None:
-            need |= lo - self.pointer >= shift
-        if self.refresh_every is not None:
-            need |= self.since >= self.refresh_every
-        return need & live
+    def _region(self, rows=slice(None)) -> verbs.Region:
+        return verbs.commit_region(self.schedule, self.block_idx[rows], self.first_active[rows], self.length,
+                                   self.lookahead)
 
     def _parts(self):
-        """[N] bool each: live rows, rows that refresh at this step, rows that take a cached step."""
-        live = self.first_active < self.L
+        """[num_slots] bool each: live rows, rows that refresh at this step, rows that take a cached step."""
+        live = self.first_active < self.length
         if self.cache is None:
             return live, None, None
-        lo, *_ = self._bounds(self.block_idx, self.first_active)
-        need = self._needs_refresh(live, lo)
+        need = needs_refresh(self.since, self.pointer, self._region().lo,
+                             trigger_shift(self.schedule.kind, self.refresh_shift), self.refresh_every) & live
         return live, need, live & ~need
 
-    def _prepare_impl(self):
+    def _prepare_body(self):
         live, need, cached = self._parts()
         packed = live.sum()
         if need is not None:
@@ -514,32 +496,20 @@ class DecodeEngine:
 
     def _rows(self, k: int, mask):
         """(rows [k], valid [k], target [k]): the first k rows of ``mask`` in slot order (padded with others), which
-        of them are in ``mask``, and where their outputs go (row N, the sink, for padding rows)."""
-        if k == self.N:
-            rows = torch.arange(self.N, device=mask.device)
+        of them are in ``mask``, and where their outputs go (row num_slots, the sink, for padding rows)."""
+        if k == self.num_slots:
+            rows = torch.arange(self.num_slots, device=mask.device)
         else:
             rows = torch.sort((~mask).to(torch.uint8), stable=True).indices[:k]
         valid = mask[rows]
-        return rows, valid, torch.where(valid, rows, self.N)
+        return rows, valid, torch.where(valid, rows, self.num_slots)
 
-    def _query(self, rows):
-        """Canvas positions whose logits the step scores, [k, R + lookahead], and the commit bounds of ``rows``."""
-        lo, hi, pos, valid, gather_pos = self._bounds(self.block_idx[rows], self.first_active[rows])
-        query = gather_pos
-        if self.lookahead:
-            tail = hi[:, None] + torch.arange(self.lookahead, device=hi.device)
-            query = torch.cat([gather_pos, tail.clamp(max=self.L - 1)], dim=1)
-        return query, lo, hi
-
-    def _store_outputs(self, target, scores, taps):
-        if self.head_op is not None:
-            proposal, max_prob, second_prob, neg_entropy, eos_prob = scores
-            scores = (proposal, max_prob, max_prob - second_prob, neg_entropy, eos_prob)
-        else:
-            s = compute_signals(scores, eos_id=self.spec.eos_id, temperature=self.temperature,
-                                generator=self.generator, tempered=self.spec.family == "dream")
-            scores = (s.proposal, s.confidence, s.margin, s.neg_entropy, s.eos_prob)
-        for buf, value in zip(self.scores, scores):
+    def _store_outputs(self, target, head, taps):
+        """Write the signals of a forward's ``head`` (and its taps) into the buffers at ``target`` rows."""
+        signals = verbs.step_signals(head, spec=self.spec, from_stats=self.window_logits_stats is not None,
+                                     temperature=self.temperature, generator=self.generator)
+        fields = (signals.proposal, signals.confidence, signals.margin, signals.neg_entropy, signals.eos_prob)
+        for buf, value in zip(self.signal_buffers, fields):
             buf.index_copy_(0, target, value.to(buf.dtype))
         if taps is not None:
             for buf, value in zip(self.taps, taps):
@@ -547,114 +517,83 @@ class DecodeEngine:
 
     def _canvas(self, rows):
         return Canvas(x=self.x[rows], state=self.state[rows], attention_mask=self.attention_mask[rows],
-                      prompt_len=self.P, gen_length=self.G)
+                      prompt_len=self.prompt_len, gen_length=self.gen_length)
 
     def _tap_positions(self, k):
-        return torch.arange(self.L, device=self.device).expand(k, -1) if self.policy.needs_taps else None
+        return torch.arange(self.length, device=self.device).expand(k, -1) if self.policy.needs_taps else None
+
+    def _forward(self, rows, query, tap_positions, **cache_args):
+        return verbs.forward_rows(self.model, self._canvas(rows), slice(None), query, tap_positions, 0.0,
+                                  window_logits_stats=self.window_logits_stats, tap_project=self.tap_project,
+                                  **cache_args)
 
     def _forward_plain(self, k: int):
         live, _, _ = self._parts()
         rows, _, target = self._rows(k, live)
-        query, _, _ = self._query(rows)
-        scores, taps, _ = _forward(self.model, self._canvas(rows), slice(None), query, self._tap_positions(k), 0.0,
-                                   head_op=self.head_op, tap_op=self.tap_op)
-        self._store_outputs(target, scores, taps)
+        head, taps, _ = self._forward(rows, self._region(rows).query(), self._tap_positions(k))
+        self._store_outputs(target, head, taps)
 
     def _forward_refresh(self, k: int):
         _, need, _ = self._parts()
         rows, _, target = self._rows(k, need)
-        query, _, _ = self._query(rows)
-        scores, taps, kv = _forward(self.model, self._canvas(rows), slice(None), query, self._tap_positions(k), 0.0,
-                                    head_op=self.head_op, tap_op=self.tap_op, store_kv=True)
+        head, taps, kv = self._forward(rows, self._region(rows).query(), self._tap_positions(k), store_kv=True)
         for mine, theirs in zip(self.kv.keys + self.kv.values, kv.keys + kv.values):
             mine.index_copy_(0, target, theirs)
         if taps is not None:
             for mine, theirs in zip(self.stored_taps, taps):
                 mine.index_copy_(0, target, theirs.to(mine.dtype))
-        self._store_outputs(target, scores, taps)
+        self._store_outputs(target, head, taps)
 
     def _forward_cached(self, k: int):
         _, need, cached = self._parts()
         rows, _, target = self._rows(k, cached)
-        query, lo, hi = self._query(rows)
+        region = self._region(rows)
+        query, L = region.query(), self.length
         start = self.pointer[rows]
-        end = torch.full_like(hi, self.L) if self.cache == "prefix" else hi
-        span = torch.arange(self.Q, device=self.device)
+        end = torch.full_like(region.hi, L) if self.cache == "prefix" else region.hi
+        span = torch.arange(self.cached_width, device=self.device)
         # padding rows (not cached this step) span from their first slot (a finished row's slots sit at L - 1, left
         # of its region's start L), so the positions they ask for are there too
         start = torch.where(cached[rows], start, query[:, 0])
-        recompute = ((start - self.shift)[:, None] + span).minimum(end[:, None] - 1).clamp(0, self.L - 1)
+        recompute = ((start - self.logit_shift)[:, None] + span).minimum(end[:, None] - 1).clamp(0, L - 1)
         fresh = None
         if self.policy.needs_taps:
-            fresh = (start[:, None] + span[:self.Q - self.shift]).minimum(end[:, None] - 1).clamp(0, self.L - 1)
-        if k == self.N:  # every row in slot order: the cache itself (no copy), without the sink row
+            fresh = start[:, None] + span[:self.cached_width - self.logit_shift]
+            fresh = fresh.minimum(end[:, None] - 1).clamp(0, L - 1)
+        if k == self.num_slots:  # every row in slot order: the cache itself (no copy), without the sink row
             kv = KVCache([t[:k] for t in self.kv.keys], [t[:k] for t in self.kv.values])
         else:
             kv = self.kv.select(rows)
-        scores, taps, _ = _forward(self.model, self._canvas(rows), slice(None), query, fresh, 0.0,
-                                   head_op=self.head_op, tap_op=self.tap_op, kv_cache=kv, query_positions=recompute,
-                                   check_query=False)  # the positions lie in the query by construction
+        head, taps, _ = self._forward(rows, query, fresh, kv_cache=kv, query_positions=recompute,
+                                      check_query=False)  # the positions lie in the query by construction
         if taps is not None:
             index = fresh[..., None]
             taps = tuple(stored[rows].scatter(1, index.expand(-1, -1, new.shape[-1]), new.to(stored.dtype))
                          for stored, new in zip(self.stored_taps, taps))
-        self._store_outputs(target, scores, taps)
+        self._store_outputs(target, head, taps)
 
-    def _finish_impl(self, generator):
-        N, L, R, dev = self.N, self.L, self.R, self.device
+    def _finish_body(self, generator):
+        """Close the step of every slot from the buffers the forwards filled: the shared `verbs.close_step`, the
+        block advance, the cache bookkeeping and the commit log."""
+        N = self.num_slots
         live, need, _ = self._parts()
-        lo, hi, pos, valid, gather_pos = self._bounds(self.block_idx, self.first_active)
-        state, x = self.state, self.x
-        active = valid & (state.gather(1, gather_pos) == states.ACTIVE)
-        fields = [buf[:N] for buf in self.scores]
-        signals = Signals(*(f[:, :R] for f in fields))
-        ahead = None
-        if self.lookahead:
-            tail_pos = hi[:, None] + torch.arange(self.lookahead, device=dev)
-            tail_active = (tail_pos < L) & (state.gather(1, tail_pos.clamp(max=L - 1)) == states.ACTIVE)
-            ahead = Lookahead(Signals(*(f[:, R:] for f in fields)), tail_active, tail_pos.clamp(max=L - 1))
-        taps = tap_inputs = None
-        if self.taps is not None:
-            taps = tuple(t[:N] for t in self.taps)
-            if self.tap_op is not None:
-                (tap_inputs,), taps = taps, None
-        step_input = StepInput(signals=signals, active=active, region_step=self.region_step,
-                               region_initial=self.region_initial, steps_per_region=self.S,
-                               region_active=self.schedule.region_active(state, self.block_idx),
-                               positions=gather_pos, state=state, rows=torch.arange(N, device=dev), taps=taps,
-                               tap_inputs=tap_inputs, attention_mask=self.attention_mask, lookahead=ahead)
-        scatter_pos = torch.where(valid, pos, L)
-        # as the eager loop: the commit_step op closes the step when the policy's rule is its rule (stop_at_eot
-        # needs the tail fill of apply_commits)
-        rule = None if self.stop_at_eot else self.policy.commit_rule(step_input)
-        if rule is not None:
-            score, tau, theta, cap = rule
-            was_active = (state == states.ACTIVE).sum(1)
-            first_active, _ = self.commit_op(score, tau, active, signals.proposal, scatter_pos, x, state, self.end_ids,
-                                             theta, cap)
-            committed = was_active - (state == states.ACTIVE).sum(1)
-        else:
-            chosen, cut = self.policy.decide(step_input, generator)
-            chosen = chosen & active
-            proposal = _scatter(signals.proposal, x, scatter_pos)
-            commit = _scatter(chosen, torch.zeros_like(x, dtype=torch.bool), scatter_pos)
-            first_active = apply_commits_ref(x, state, proposal, commit, self.end_ids, self.spec.pad_id,
-                                             self.stop_at_eot)
-            committed = chosen.sum(1)
-            if cut is not None:
-                first_active = truncate_after(x, state, self.attention_mask, torch.where(live, cut, L),
-                                              self.spec.pad_id)
+        region = self._region()
+        counters = RowCounters(self.block_idx, self.region_step, self.region_initial, self.steps)
+        signals = Signals(*(buf[:N] for buf in self.signal_buffers))
+        taps = None if self.taps is None else tuple(t[:N] for t in self.taps)
+        inp = verbs.step_input(signals, region, self.state, counters, self.schedule,
+                               steps_per_region=self.steps_per_region, rows=torch.arange(N, device=self.device),
+                               taps=taps, folded=self.tap_project is not None, attention_mask=self.attention_mask)
+        first_active, committed = verbs.close_step(
+            self.policy, inp, region, self.x, self.state, self.attention_mask, end_ids=self.end_ids,
+            pad_id=self.spec.pad_id, stop_at_eot=self.stop_at_eot, apply_commits=apply_commits_ref,
+            commit_step=self.commit_step, generator=generator, live=live)
         self.first_active.copy_(first_active)
         # the row's commit count at its step index (a finished row writes into the spare last column)
-        at = torch.where(live, self.steps, self.max_steps).clamp(max=self.max_steps)
+        at = torch.where(live, self.steps, self.budget).clamp(max=self.budget)
         self.commit_log.scatter_(1, at[:, None], committed.to(torch.int32)[:, None])
-        self.steps.add_(live.long())
-        self.region_step.add_(live.long())
-        if self.schedule.kind == "block":
-            sch = self.schedule
-            _skip_finished_blocks(state, self.block_idx, self.region_step, self.region_initial, self.steps, live,
-                                  self.P, sch.block, sch.num_regions, self.S, sch.idle_steps)
+        self.schedule.advance(self.state, counters, live)
         if self.cache is not None:
-            self.pointer.copy_(torch.where(need, lo, self.pointer))
+            self.pointer.copy_(torch.where(need, region.lo, self.pointer))
             self.refreshes.add_(need.long())
             self.since.copy_(torch.where(need, 0, self.since) + live.long())

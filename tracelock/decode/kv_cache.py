@@ -1,6 +1,7 @@
-"""The decoding loop's approximate KV cache: which rows refresh at a step, and what a cached step recomputes.
+"""The approximate KV cache: which rows refresh at a step (`needs_refresh`, both drivers' rule) and what a cached
+step recomputes (`DecodeKVCache`, the eager loop's per-row cache; the engine keeps the same state in its buffers).
 
-Two modes, Fast-dLLM's generalised to the sliding window (BASELINES.md §4):
+Two modes, Fast-dLLM v1's generalised to the sliding window (docs/kv-cache.md):
 - ``"prefix"``: positions left of the row's *refresh pointer* reuse the keys and values of its last refresh; every
   position from the pointer to the end of the canvas is recomputed at every step;
 - ``"dual"``: only the positions from the pointer to the end of the commit region are recomputed; keys and values
@@ -53,8 +54,27 @@ def validate_cache(cache, refresh_every, refresh_shift, schedule_kind: str, cfg_
 
 
 def default_refresh_shift(window: int) -> int:
-    """A window's refresh when the pointer has moved half a window (see README "KV cache" for the sweep)."""
+    """A window's refresh when the pointer has moved half a window (docs/kv-cache.md; the sweep that chose it is
+    in docs/history.md)."""
     return max(1, window // 2)
+
+
+def trigger_shift(schedule_kind: str, refresh_shift: int | None) -> int | None:
+    """How far the commit region's left end moves past the pointer before a row refreshes: blocks refresh when
+    the block start moves at all."""
+    return 1 if schedule_kind == "block" else refresh_shift
+
+
+def needs_refresh(since, pointer, lo, shift: int | None, refresh_every: int | None):
+    """The refresh rule, [b] bool: a row refreshes at its first step (``since`` 0), when its commit region's left
+    end ``lo`` is ``shift`` (`trigger_shift`) past its ``pointer``, and ``refresh_every`` steps after its last
+    refresh."""
+    need = since == 0
+    if shift is not None:
+        need |= lo - pointer >= shift
+    if refresh_every is not None:
+        need |= since >= refresh_every
+    return need
 
 
 class DecodeKVCache:
@@ -63,8 +83,7 @@ class DecodeKVCache:
     def __init__(self, mode: str, schedule_kind: str, refresh_every, refresh_shift, *, B: int, L: int, shift: int,
                  needs_taps: bool, device):
         self.mode, self.refresh_every, self.L, self.shift, self.needs_taps = mode, refresh_every, L, shift, needs_taps
-        # blocks refresh when the block start moves at all
-        self.refresh_shift = 1 if schedule_kind == "block" else refresh_shift
+        self.refresh_shift = trigger_shift(schedule_kind, refresh_shift)
         self.pointer = torch.zeros(B, dtype=torch.long, device=device)  # the commit region's left end at the refresh
         self.since = torch.zeros(B, dtype=torch.long, device=device)  # steps since the last refresh (0 = never)
         self.refreshes = torch.zeros(B, dtype=torch.long, device=device)
@@ -72,42 +91,33 @@ class DecodeKVCache:
         self.kv: KVCache | None = None  # every row's keys/values, [B, n_kv, L, hd] per layer
         self.taps: tuple | None = None  # every row's taps (or folded tap inputs) at the refresh, [B, L, X] each
 
-    def _needs_refresh(self, rows, lo):
-        since = self.since[rows]
-        need = since == 0
-        if self.refresh_shift is not None:
-            need |= lo - self.pointer[rows] >= self.refresh_shift
-        if self.refresh_every is not None:
-            need |= since >= self.refresh_every
-        return need
-
     def step(self, forward, rows, positions, lo, hi, T: int | None):
         """Run one step's forwards for ``rows`` [b] (slots at canvas ``positions`` [b, R], commit regions [lo, hi)
-        [b]; the policy reads the taps of [0, T)) and return (scores, taps) of all b rows.
+        [b]; the policy reads the taps of [0, T)) and return (head, taps) of all b rows.
 
-        ``forward(rows, positions, tap_positions, **cache_args)`` is `tracelock.decode.loop._forward` bound to the
-        model and canvas: it returns (scores, taps, kv_cache) of the rows it is given.
+        ``forward(rows, positions, tap_positions, **cache_args)`` is `tracelock.decode.step.forward_rows` bound to the
+        model and canvas: it returns (head, taps, kv_cache) of the rows it is given.
         """
-        need = self._needs_refresh(rows, lo)
+        need = needs_refresh(self.since[rows], self.pointer[rows], lo, self.refresh_shift, self.refresh_every)
         parts = []
         refresh, cached = need.nonzero().flatten(), (~need).nonzero().flatten()
         if refresh.numel():
             every = torch.arange(self.L, device=rows.device).expand(len(refresh), -1) if self.needs_taps else None
-            scores, taps, kv = forward(rows[refresh], positions[refresh], every, store_kv=True)
+            head, taps, kv = forward(rows[refresh], positions[refresh], every, store_kv=True)
             self._store(rows[refresh], lo[refresh], kv, taps)
-            parts.append((refresh, scores, None if taps is None else tuple(t[:, :T] for t in taps)))
+            parts.append((refresh, head, None if taps is None else tuple(t[:, :T] for t in taps)))
         if cached.numel():
             g = rows[cached]
             query, fresh = self._query(g, hi[cached], T)
-            scores, taps, _ = forward(g, positions[cached], fresh, kv_cache=self._kv_of(g), query_positions=query)
+            head, taps, _ = forward(g, positions[cached], fresh, kv_cache=self._kv_of(g), query_positions=query)
             if taps is not None:
                 taps = self._with_stored_taps(g, fresh, taps, T)
-            parts.append((cached, scores, taps))
+            parts.append((cached, head, taps))
         self.since[rows] += 1
         self.split_steps += len(parts) - 1
         if len(parts) == 1:
             return parts[0][1:]
-        return (_merge([(sub, scores) for sub, scores, _ in parts], len(rows)),
+        return (_merge([(sub, head) for sub, head, _ in parts], len(rows)),
                 _merge([(sub, taps) for sub, _, taps in parts], len(rows)))
 
     def _store(self, rows, lo, kv: KVCache, taps) -> None:

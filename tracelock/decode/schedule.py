@@ -1,6 +1,6 @@
 """Where a step may commit (the commit region) and what a step schedule counts (the schedule region).
 
-Three schedules (DESIGN.md §3), each usable with every policy:
+Three schedules (docs/design.md, "Data flow"), each usable with every policy:
 - ``block=N``: semi-AR blocks of N positions. A block ends as soon as it has no active position; with
   ``idle_steps=True`` it ends only when the step counter also reaches the block's budget (the reference
   release's ``block = step // steps_per_block`` artifact: floor (num_blocks - 1) * steps_per_block + 1).
@@ -49,15 +49,21 @@ class RowCounters:
     region_initial: torch.Tensor
     steps: torch.Tensor  # forwards spent on the row so far
 
+    def take(self, rows: torch.Tensor) -> "RowCounters":
+        """The counters of ``rows`` (copies)."""
+        return RowCounters(self.block_idx[rows], self.region_step[rows], self.region_initial[rows], self.steps[rows])
+
 
 class Schedule:
-    def __init__(self, gen_length: int, block: int | None, window: int | None, idle_steps: bool, skip_blocks):
+    def __init__(self, gen_length: int, block: int | None, window: int | None, idle_steps: bool,
+                 skip_finished_blocks):
         validate_schedule(gen_length, block, window)
         if idle_steps and block is None:
             raise ValueError("idle_steps=True reproduces the reference release's semi-AR block artifact; "
                              "it needs block=N")
         self.gen_length, self.block, self.window, self.idle_steps = gen_length, block, window, idle_steps
-        self.skip_blocks = skip_blocks  # `ops.skip_finished_blocks` or its spec
+        # `ops.skip_finished_blocks`, its spec, or the engine's loop-free form of it
+        self.skip_finished_blocks = skip_finished_blocks
         self.kind = "block" if block else "window" if window else "full"
         self.num_regions = gen_length // block if block else 1
         self.width = block or window or gen_length  # R: candidate slots per row
@@ -73,7 +79,7 @@ class Schedule:
         c = RowCounters(block_idx=zeros.clone(), region_step=zeros.clone(), region_initial=zeros.clone(),
                         steps=zeros.clone())
         c.region_initial = self.region_active(state, c.block_idx)
-        self._skip_finished_blocks(state, c, torch.ones(B, dtype=torch.bool, device=state.device))
+        self._leave_finished_blocks(state, c, torch.ones(B, dtype=torch.bool, device=state.device))
         return c
 
     def schedule_bounds(self, block_idx: torch.Tensor):
@@ -100,14 +106,14 @@ class Schedule:
         """[B] active positions in each row's schedule region now (Dream's n)."""
         return self._count_active(state, *self.schedule_bounds(block_idx))
 
-    def _skip_finished_blocks(self, state, c: RowCounters, rows):
+    def _leave_finished_blocks(self, state, c: RowCounters, rows):
         """Move the given rows past blocks that have no active position left (several if stop-at-EOT filled them)."""
         if self.kind == "block":
-            self.skip_blocks(state, c.block_idx, c.region_step, c.region_initial, c.steps, rows, self.P, self.block,
-                             self.num_regions, self.S, self.idle_steps)
+            self.skip_finished_blocks(state, c.block_idx, c.region_step, c.region_initial, c.steps, rows, self.P,
+                                      self.block, self.num_regions, self.S, self.idle_steps)
 
     def advance(self, state: torch.Tensor, c: RowCounters, rows: torch.Tensor) -> None:
         """After a step on ``rows`` [B] bool: count it, and end the blocks that are finished."""
         c.steps += rows.long()
         c.region_step += rows.long()
-        self._skip_finished_blocks(state, c, rows)
+        self._leave_finished_blocks(state, c, rows)

@@ -170,7 +170,7 @@ def pareto(points: list) -> list[bool]:
 def setting_records(runs: Path, policies: list) -> dict:
     """The compact per-item record of one setting's points: the item ids once, and per point label a string of
     0/1 (correct) and the list of steps, in id order, so any two points pair item by item."""
-    from tracelock.eval.runner import folder_items
+    from tracelock.eval.items import folder_items
 
     per_point = {p.label: folder_items(runs / p.slug) for p in policies}
     ids = sorted(set.intersection(*(set(r) for r in per_point.values())))

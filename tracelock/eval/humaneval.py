@@ -5,7 +5,7 @@
   ``.jsonl.gz`` file of records in the same format.
 * `build_prompt(problem, with_tests=False)`: the function stub with its docstring, the standard prompt. With
   ``with_tests=True`` the hidden test code follows the stub, as the reference release's prompts had it
-  (BASELINES.md §9, defect 4): a reproduction mode, since a model that sees the asserts can fit them.
+  (BobSun98/TraceLock): a reproduction mode, since a model that sees the asserts can fit them.
 * `truncate_completion(text)`: cut a raw continuation at the first top-level ``def``/``class``/``if __name__``/
   ``print(``/decorator line after the function body, as HumanEval's stop sequences do at generation time.
 * `humaneval_check(problem, completion)`: prompt + completion + the problem's tests + ``check(entry_point)`` in

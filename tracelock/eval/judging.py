@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from tracelock.atomic import atomic_write_json
+from tracelock.eval.items import folder_items
 
 
 def check_judge_args(url: str | None, model: str | None, local: str | None) -> None:
@@ -37,7 +38,6 @@ def _judge_path(out: Path, setting_slug: str) -> Path:
 def judge_run(out, judge, *, retries: int = 2, seed: int = 0, progress=None) -> list[Path]:
     """Judge every setting of the eval run in ``out``; returns the judge files written or kept."""
     from tracelock.eval.judge import critic_rate, rank_systems
-    from tracelock.eval.runner import folder_items
     from tracelock.eval.tasks import make_task
 
     out = Path(out)

@@ -116,8 +116,8 @@ class TraceLockLM(LM):
     # -- generation -------------------------------------------------------------------------------------------
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list:
-        from tracelock.decode.throughput import generate_many
         from tracelock.text import cut_at_stop, decode_answer
+        from tracelock.throughput import generate_many
 
         gen_length = self.decode_args["gen_length"]
         room = self.model.spec.max_positions - gen_length

@@ -208,7 +208,7 @@ def _grids(run: _Run, pairs: list, settings: list, items: int, grid_every: int, 
     """Markdown lines with ``items`` trace grids of the first pair in the first setting that has both traces."""
     from tracelock.eval import diagnostics as dx
     from tracelock.eval import plots
-    from tracelock.eval.runner import folder_items
+    from tracelock.eval.items import folder_items
 
     if not pairs or items == 0:
         return []

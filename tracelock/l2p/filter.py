@@ -25,7 +25,7 @@ from tracelock.integrity import CorruptFileError, load_tensors, read_json, save_
 __all__ = ["FilterConfig", "L2PFilter", "filter_stem", "load_filter", "load_filters"]
 
 FORMAT = "tracelock-l2p-filter-1"
-# upstream's decision thresholds (BASELINES.md §5): LLaDA family 0.96, Dream family 0.9
+# Learn2PD's released decision thresholds: LLaDA family 0.96, Dream family 0.9
 DEFAULT_THRESHOLD = {"llada": 0.96, "dream": 0.9}
 
 

@@ -1,4 +1,4 @@
-"""Our own LLaDA / Dream forward: a pre-norm bidirectional transformer (MODELS.md §5).
+"""Our own LLaDA / Dream forward: a pre-norm bidirectional transformer (docs/design.md, "Models").
 
 One module serves both families; a `ModelSpec` sets the sizes and the two numeric differences
 (q/k/v biases, RoPE precision). Key names of the official checkpoints are mapped in ``keys.py``.

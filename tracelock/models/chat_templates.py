@@ -1,7 +1,7 @@
 """Jinja chat templates of LLaDA-8B-Instruct and Dream-v0-Instruct-7B, rewritten from their documented semantics.
 
 Both are used verbatim by the tiny checkpoints (`tokenizer_config.json["chat_template"]`) so prompt rendering in
-tests follows the same rules as the released models (docs/MODELS.md section 3).
+tests follows the same rules as the released models (docs/design.md, "Models").
 """
 
 # Llama-3 style. The released template ignores add_generation_prompt and always opens the assistant turn, and only

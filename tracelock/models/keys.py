@@ -1,4 +1,4 @@
-"""Official checkpoint key names (MODELS.md §4) -> parameter names of `DiffusionBackbone`."""
+"""Official checkpoint key names (the released safetensors) -> parameter names of `DiffusionBackbone`."""
 
 from tracelock.models.spec import ModelSpec
 

@@ -1,7 +1,7 @@
 """Random-weight backbones at the released models' shapes, for timing without the weights.
 
-The configs are LLaDA-8B-Instruct's and Dream-v0-Instruct-7B's (docs/MODELS.md §2), with their special-token ids
-(§3); ``layers`` keeps only the first layers (at least three, the layers TraceLock's taps read: a CPU-sized slice).
+The configs are LLaDA-8B-Instruct's and Dream-v0-Instruct-7B's (their released config.json), with their special-token
+ids; ``layers`` keeps only the first layers (at least three, the layers TraceLock's taps read: a CPU-sized slice).
 The weights are random, so the tokens mean nothing: use these for speed, never for quality.
 
 Examples::

@@ -142,7 +142,7 @@ class ModelSpec:
 
     @property
     def feature_shift(self) -> int:
-        """Hidden-state features get the same shift as the logits (MODELS.md §7)."""
+        """Hidden-state features get the same shift as the logits (docs/design.md, "Data flow")."""
         return self.logit_shift
 
     def output_rows(self, positions: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:

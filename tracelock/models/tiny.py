@@ -2,7 +2,7 @@
 
 Real config key names with every non-size field of the released configs, official tensor names and [out, in]
 shapes in bf16, optional sharding with an index, `generation_config.json`, and a toy tokenizer carrying each
-family's real special-token strings and chat template (docs/MODELS.md sections 2, 3, 11 and 12).
+family's real special-token strings and chat template (docs/design.md, "Models").
 """
 
 import json
@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from tracelock.atomic import atomic_write, atomic_write_text
 from tracelock.models.tiny_tokenizer import write_tokenizer_files
 
-# (d_model, n_heads, n_kv_heads, n_layers, mlp_hidden) per family and profile, docs/MODELS.md section 11
+# (d_model, n_heads, n_kv_heads, n_layers, mlp_hidden) per family and profile
 PROFILES = {
     "micro": {"llada": (64, 4, 4, 4, 192), "dream": (112, 7, 1, 4, 592)},
     "kernel": {"llada": (256, 2, 2, 4, 768), "dream": (896, 7, 1, 4, 4736)},

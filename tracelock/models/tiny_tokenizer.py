@@ -1,4 +1,4 @@
-"""Offline toy tokenizer for the tiny LLaDA / Dream checkpoints (docs/MODELS.md section 12, option 1).
+"""Offline toy tokenizer for the tiny LLaDA / Dream checkpoints (docs/design.md, "Models").
 
 A `tokenizers` WordLevel model over the in-repo word list below, with each family's real special-token strings
 placed at family-specific ids, so code that hard-codes ids (or assumes both families share them) fails on the tiny
@@ -78,7 +78,7 @@ SPECIAL_TOKENS = {
     "dream": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|beginoftext|>", "<|mask|>"],
 }
 
-# token roles as in the released tokenizer configs (docs/MODELS.md section 3)
+# token roles as in the released tokenizer configs
 ROLES = {
     "llada": {
         "bos_token": "<|startoftext|>",

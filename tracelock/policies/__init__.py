@@ -1,4 +1,5 @@
-"""Heuristic decoding policies behind one interface (:class:`Policy`), and a name registry.
+"""The decoding policies behind one interface (:class:`Policy`): the published rules (LLaDA, Dream, Fast-dLLM)
+and the learned ones (TraceLock, Learn2PD); the name registry and the arguments a named policy is built with.
 
 Examples::
 
@@ -17,7 +18,7 @@ from .l2p import L2PHiddenPolicy, L2PPolicy
 from .llada import ConfidencePolicy, RandomPolicy, TopKPolicy
 from .tracelock import TraceLockPolicy
 
-__all__ = ["POLICIES", "Policy", "StepInput", "check_policy", "make_policy", "with_steps"]
+__all__ = ["POLICIES", "Policy", "StepInput", "check_policy", "make_policy", "policy_args_for", "with_steps"]
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
@@ -133,3 +134,16 @@ def _check_kind(policy: str, name: str, value, param: inspect.Parameter) -> None
         raise TypeError(f"policy {policy!r}: {name}={value!r} is not {what}; pass {what}{default}")
     if kinds == {"int"} and not isinstance(value, int):
         raise TypeError(f"policy {policy!r}: {name}={value!r} is not an int; pass a whole number{default}")
+
+
+def policy_args_for(model, policy, policy_args, gen_length=None) -> dict:
+    """The keyword arguments a named policy is built with: ``policy_args`` (``per_step=k`` as ``steps=gen_length //
+    k``), plus the backbone for a learned policy that takes ``model=`` (TraceLock, Learn2PD), so a controller or
+    filter made for another backbone is refused when it loads rather than decoding silently with the wrong one."""
+    args = dict(policy_args or {})
+    if isinstance(gen_length, int) and not isinstance(gen_length, bool) and gen_length > 0:
+        args = with_steps(policy, args, gen_length)
+    cls = POLICIES.get(policy) if isinstance(policy, str) else None
+    if cls is not None and "model" not in args and "model" in inspect.signature(cls.__init__).parameters:
+        args["model"] = model
+    return args

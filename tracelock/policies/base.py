@@ -1,4 +1,4 @@
-"""The interface every heuristic decoding policy implements, plus the selection helpers they share.
+"""The interface every decoding policy implements, rule-based or learned, plus the selection helpers they share.
 
 A step hands a policy the signals of R candidate slots per row (the commit region: a semi-AR block or
 the soft-crop window, padded across rows) and the counters of the *schedule region* (the block, or the
@@ -100,6 +100,12 @@ class Policy:
 
     def __init__(self) -> None:
         self._steps_per_region: int | None = None
+
+    @classmethod
+    def deterministic_with(cls, **kwargs) -> bool:
+        """Whether the policy built with these arguments is deterministic, read without building it (which for a
+        learned policy loads a checkpoint)."""
+        return cls.deterministic
 
     def setup(self, *, gen_length: int, num_regions: int) -> None:
         """Validate against the schedule and precompute.

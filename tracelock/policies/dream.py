@@ -1,4 +1,4 @@
-"""Dream's ``diffusion_generate`` algorithms (DreamLM; BASELINES.md §2): origin, maskgit_plus, topk_margin, entropy.
+"""Dream's ``diffusion_generate`` algorithms (DreamLM): origin, maskgit_plus, topk_margin, entropy.
 
 Per schedule region, ``ts = linspace(1, eps, S + 1)`` in fp32 and step i uses t = ts[i], s = ts[i + 1].
 ``origin`` reveals each active slot with probability 1 - s/t (1 at the last step). The others commit
@@ -32,6 +32,10 @@ class _DreamPolicy(Policy):
         if alg_temp:
             self.deterministic = False
         self._keep = torch.zeros(0)
+
+    @classmethod
+    def deterministic_with(cls, **kwargs) -> bool:
+        return cls.deterministic and not kwargs.get("alg_temp")
 
     def setup(self, *, gen_length: int, num_regions: int) -> None:
         super().setup(gen_length=gen_length, num_regions=num_regions)

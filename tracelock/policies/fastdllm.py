@@ -1,4 +1,4 @@
-"""Fast-dLLM v1 parallel rules (NVlabs/Fast-dLLM ``llada/generate.py``; BASELINES.md §4): threshold, factor.
+"""Fast-dLLM v1 parallel rules (NVlabs/Fast-dLLM ``llada/generate.py``): threshold, factor.
 
 Both are schedule-free: every step commits at least the most confident active slot, so a region of
 size N ends within N steps. Confidences are this package's fp32 probabilities (upstream: float64).

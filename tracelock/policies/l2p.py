@@ -1,4 +1,4 @@
-"""Learn2PD (arXiv 2509.25188; BASELINES.md §5) as a policy of the common loop, and the L2P-Hidden diagnostic.
+"""Learn2PD (arXiv 2509.25188) as a policy of the common loop, and the L2P-Hidden diagnostic.
 
 At each step the block's confidences, committed positions included, go through the filter trained for that block
 size; every active slot with ``sigmoid(logit) > threshold`` is committed, **plus** the backbone's scheduled rule

@@ -1,4 +1,4 @@
-"""LLaDA's remasking rules (ML-GSAI/LLaDA ``generate``; BASELINES.md §1 and §3): random, confidence, topk.
+"""LLaDA's remasking rules (ML-GSAI/LLaDA ``generate``): random, confidence, topk.
 
 The schedule: a region with M active positions and S = steps // num_regions steps commits
 ``M // S + (1 if i < M % S else 0)`` at its step i (``get_num_transfer_tokens``), fixed when the region

@@ -1,5 +1,5 @@
 """The TraceLock policy: a learned controller scores every position and predicts the step's threshold
-(paper §3.3; DESIGN.md §2-3).
+(paper §3.3; docs/design.md, "Data flow").
 
 At each step the controller reads the taps of canvas positions [0, T) (T = the furthest region end of the
 batch), cropped per row at its own region end (attention beyond it masked, as in training) and with left

@@ -89,7 +89,7 @@ def rl_train(model_path, controller, prompts: str, out, *, reward, num=None, ste
 
     Args:
         model_path: the frozen backbone. controller: the supervised run folder (warm start; holds its encoder).
-        prompts (str): training prompts (`tracelock.traces.collect.load_items` spec), ``num`` per testbed task.
+        prompts (str): training prompts (`tracelock.recording.collect.load_items` spec), ``num`` per testbed task.
         reward (Reward): scores completions (`tracelock.rl.rewards`).
         group_size (int): rollouts per prompt, G. Default: 4. prompts_per_step (int): prompts per step. Default: 4.
         eta, eps (float): the sampling rule (`rescaled_probs`). beta (float): entropy bonus. Default: 0.01.
@@ -119,10 +119,10 @@ def _rl_loop(model_path, controller, prompts, out: Path, *, reward, num, steps, 
     from tracelock.features import load_encoder
     from tracelock.generate import fused_generate
     from tracelock.models import load_model, load_tokenizer
+    from tracelock.recording.collect import load_items
     from tracelock.rl.objective import group_advantages, rl_loss
     from tracelock.rl.policy import SampledTraceLockPolicy
     from tracelock.text import decode_answer, encode_prompt
-    from tracelock.traces.collect import load_items
 
     model = load_model(model_path, device=device)
     tokenizer = load_tokenizer(model_path)

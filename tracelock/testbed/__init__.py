@@ -1,4 +1,4 @@
-"""The bundled testbed: synthetic, automatically checkable tasks for the tiny masked diffusion LM (DESIGN.md §6).
+"""The bundled testbed: synthetic, automatically checkable tasks for the tiny masked diffusion LM (docs/testbed.md).
 
 `math`: GSM8K-style word problems with worked answers ending in ``#### N``; `code`: HumanEval-style functions
 (signature + docstring prompt, body completion, hidden ``check(candidate)`` tests). Answers are drawn from a diverse

@@ -36,8 +36,8 @@ def train_demo_controller(model_path, work, config: DemoMethodConfig = DemoMetho
     from tracelock.features import fit_encoder, load_encoder
     from tracelock.models import load_model
     from tracelock.progress import progress_bar
+    from tracelock.recording.collect import collect
     from tracelock.traces.cache import featurize
-    from tracelock.traces.collect import collect
     from tracelock.traces.filters import FilterConfig
     from tracelock.traces.store import iter_traces, load_index
     from tracelock.train.controller import TrainConfig, train

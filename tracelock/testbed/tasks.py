@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+# upward, on purpose: the math task grades with GSM8K's own answer rules, so testbed and GSM8K accuracy are the
+# same measurement (docs/design.md, "Layers")
 from tracelock.eval.gsm8k import is_correct
 from tracelock.testbed import code_task, math_task
 

@@ -26,7 +26,7 @@ def self_train(model_path, controller, pre_cache, prompts: str, out, *, num=None
         model_path: the backbone (checkpoint folder or "testbed").
         controller: the supervised controller's run folder (`tracelock train --out`, holding its encoder).
         pre_cache: the feature cache it was trained on (the original pool).
-        prompts (str): new prompts (`tracelock.traces.collect.load_items` spec); testbed items are drawn with
+        prompts (str): new prompts (`tracelock.recording.collect.load_items` spec); testbed items are drawn with
             ``seed`` (default 1, so not the original pool's seed-0 sample).
         theta (float): the commit threshold while collecting. Default: 0.97.
         alpha (float): share of the self-training pool in the training mix. Default: 0.5.
@@ -36,8 +36,8 @@ def self_train(model_path, controller, pre_cache, prompts: str, out, *, num=None
     from tracelock.features import load_encoder
     from tracelock.models import load_model
     from tracelock.progress import progress_bar
+    from tracelock.recording.collect import collect
     from tracelock.traces.cache import featurize
-    from tracelock.traces.collect import collect
     from tracelock.traces.store import iter_traces, load_index
     from tracelock.train.controller import TrainConfig, train
 

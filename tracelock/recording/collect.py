@@ -140,9 +140,9 @@ def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=Non
 
     from tracelock.models import load_model, load_tokenizer
     from tracelock.progress import progress_bar
+    from tracelock.recording.recorder import record
     from tracelock.testbed.tasks import score
     from tracelock.text import decode_answer, encode_prompt
-    from tracelock.traces.recorder import record
 
     start = time.perf_counter()
     if block is None and window is None:

@@ -1,0 +1,267 @@
+"""The verbs of one decoding step, written once for both drivers (docs/design.md, "A step").
+
+A step of a set of rows is: `commit_region` (where it may commit) -> `forward_rows` (the backbone at the region's
+slots) -> `step_signals` -> `step_input` (what the policy reads) -> `close_step` (the policy's rule or decision,
+the commits, the end-of-text cut) -> the schedule's advance. `tracelock.decode.loop.run_decode` (the eager loop)
+calls these on the live rows with host-side control flow; `tracelock.decode.engine.DecodeEngine` calls the same
+ones on every slot inside its static-shape graphs. `DecodeStats` is what both report.
+"""
+
+import time
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+
+from tracelock import states
+from tracelock.decode.canvas import Canvas, truncate_after
+from tracelock.decode.kv_cache import default_refresh_shift, validate_cache
+from tracelock.decode.schedule import RowCounters, Schedule
+from tracelock.models.backbone import DiffusionBackbone
+from tracelock.policies import make_policy
+from tracelock.policies.base import Lookahead, Policy, StepInput
+from tracelock.signals import Signals, apply_cfg, compute_signals
+
+
+@dataclass
+class DecodeStats:
+    """What a decoding run cost. A step is one backbone forward (NFE) of a row."""
+
+    steps: list  # [B] forwards spent on each row
+    # batched forward calls of the run (an engine slot's `result` reports the row's steps: what the row decoded
+    # alone would run)
+    forwards: int
+    commits_per_step: list  # [B] lists: tokens committed at each of the row's steps
+    seconds: float  # wall-clock of the whole run
+    gen_lengths: list  # [B] generated tokens before the first end token
+    refreshes: list = field(default_factory=list)  # [B] KV-cache refresh forwards among each row's steps
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return sum(self.gen_lengths) / self.seconds if self.seconds > 0 else float("nan")
+
+
+def check_options(model, temperature, cfg_scale) -> None:
+    if not isinstance(model, DiffusionBackbone):
+        raise TypeError(f"model must be a tracelock DiffusionBackbone (from tracelock.load_model), got {type(model)}")
+    if not temperature >= 0:
+        raise ValueError(f"temperature={temperature!r} must be >= 0 (0 = greedy)")
+    if not cfg_scale >= 0:
+        raise ValueError(f"cfg_scale={cfg_scale!r} must be >= 0 (0 = no classifier-free guidance)")
+
+
+def setup_run(policy, policy_args, *, gen_length, block, window, idle_steps, cache, refresh_every, refresh_shift,
+              cfg_scale, skip_finished_blocks) -> tuple:
+    """(schedule, policy, refresh_shift): the run's schedule, its policy set up for it, and the cache's refresh
+    shift with its default; every setting is checked here, before any work."""
+    schedule = Schedule(gen_length, block, window, idle_steps, skip_finished_blocks)
+    validate_cache(cache, refresh_every, refresh_shift, schedule.kind, cfg_scale)
+    if cache is not None and refresh_shift is None and schedule.kind == "window":
+        refresh_shift = default_refresh_shift(window)
+    policy = make_policy(policy, **(policy_args or {}))
+    policy.setup(gen_length=gen_length, num_regions=schedule.num_regions)
+    return schedule, policy, refresh_shift
+
+
+def decode_settings(policy: Policy, schedule: Schedule, *, block, window, temperature, cfg_scale, stop_at_eot,
+                    idle_steps, seed, cache, refresh_every, refresh_shift) -> dict:
+    """`DecodeStats.settings`: the run's settings as both drivers record them."""
+    return dict(policy=repr(policy), gen_length=schedule.gen_length, block=block, window=window,
+                schedule=schedule.kind, temperature=temperature, cfg_scale=cfg_scale, stop_at_eot=stop_at_eot,
+                idle_steps=idle_steps, seed=seed, cache=cache, refresh_every=refresh_every,
+                refresh_shift=refresh_shift)
+
+
+def step_budget(schedule: Schedule, steps_per_region: int) -> int:
+    """The steps a row may take: a policy that never commits would loop forever, and every shipped policy
+    finishes within this."""
+    return 2 * (schedule.gen_length + schedule.num_regions * steps_per_region) + 8
+
+
+def budget_error(policy: Policy, steps: int) -> RuntimeError:
+    return RuntimeError(f"policy {policy!r} left positions uncommitted after {steps} steps; "
+                        "a policy must commit at least one active position within its step budget")
+
+
+def lookahead_width(policy: Policy, schedule: Schedule, cache) -> int:
+    """Positions right of the commit region whose signals the step also reads (end-of-text prediction), 0 for
+    none. A dual cache recomputes only the region, so it reads none."""
+    return schedule.gen_length - schedule.width if policy.eot_lookahead and cache != "dual" else 0
+
+
+def _project_folded(tap_project, A, c, h1, h2, h3):
+    """The three taps [b*T, D] -> the policy's inputs [b*T, N] by its linear fold (A, c)."""
+    return tap_project(h1, h2, h3, A, c)
+
+
+def forward_ops(policy: Policy, model, *, window_logits_stats, tap_project, temperature, cfg_scale) -> tuple:
+    """(window_logits_stats, tap_project) for the forward to run in place of its outputs, each None to get the
+    logits / the raw taps. Greedy steps without CFG score from the LM head's input (no logits written); a policy
+    with a linear tap fold (`Policy.tap_fold`) then gets its controller inputs, ``tap_project`` bound to the fold."""
+    if window_logits_stats is None or temperature > 0 or cfg_scale:
+        return None, None
+    fold = policy.tap_fold(model) if policy.needs_taps and tap_project is not None else None
+    return window_logits_stats, None if fold is None else partial(_project_folded, tap_project, *fold)
+
+
+@dataclass
+class Region:
+    """The commit region of b rows, [lo, hi), as R candidate slots; with end-of-text lookahead also the positions
+    right of it."""
+
+    lo: torch.Tensor  # [b]
+    hi: torch.Tensor  # [b]
+    positions: torch.Tensor  # [b, R] lo + slot (may pass hi)
+    valid: torch.Tensor  # [b, R] the slot lies inside [lo, hi)
+    gather: torch.Tensor  # [b, R] positions clamped into the canvas: where the slot reads
+    tail: torch.Tensor | None = None  # [b, lookahead] positions from hi on, clamped into the canvas
+    tail_inside: torch.Tensor | None = None  # [b, lookahead] the tail position lies inside the canvas
+
+    def query(self) -> torch.Tensor:
+        """[b, R + lookahead] canvas positions whose predictions the step reads."""
+        return self.gather if self.tail is None else torch.cat([self.gather, self.tail], dim=1)
+
+    def scatter_positions(self, length: int) -> torch.Tensor:
+        """[b, R] the slots' canvas positions, ``length`` (dropped by `scatter_slots`) outside the region."""
+        return torch.where(self.valid, self.positions, length)
+
+
+def commit_region(schedule: Schedule, block_idx, first_active, length: int, lookahead: int = 0) -> Region:
+    """The `Region` of rows at block ``block_idx`` [b] whose first active position is ``first_active`` [b]."""
+    lo, hi = schedule.commit_bounds(block_idx, first_active)
+    positions = lo[:, None] + torch.arange(schedule.width, device=lo.device)
+    region = Region(lo, hi, positions, positions < hi[:, None], positions.clamp(max=length - 1))
+    if lookahead:
+        tail = hi[:, None] + torch.arange(lookahead, device=hi.device)
+        region.tail, region.tail_inside = tail.clamp(max=length - 1), tail < length
+    return region
+
+
+def forward_rows(model, canvas: Canvas, rows, positions, tap_positions, cfg_scale, window_logits_stats=None,
+                 tap_project=None, **cache_args):
+    """One forward of the given rows: (head, taps, kv_cache).
+
+    ``head`` is the logits [b, R, V] that predict canvas ``positions`` [b, R] (CFG applied), or with
+    ``window_logits_stats`` (the LM head and its softmax statistics in one op; greedy without CFG only) its [b, R]
+    statistics, so no logits are written. ``taps`` are the three taps at ``tap_positions`` [b, T] (None: no taps), or
+    with ``tap_project`` (bound to the policy's fold, see `forward_ops`) a 1-tuple of the controller inputs folded
+    from them. ``cache_args`` (store_kv, kv_cache, query_positions) go to the backbone; ``kv_cache`` is its stored
+    cache (a refresh) or None.
+    """
+    x = canvas.x[rows]
+    mask = None if canvas.attention_mask is None else canvas.attention_mask[rows]
+    taps = tap_positions is not None
+    if cfg_scale == 0:
+        out = model.predict(x, positions, mask, return_taps=taps, tap_positions=tap_positions,
+                            head_op=window_logits_stats, tap_op=tap_project, **cache_args)
+        folded = None if out.tap_inputs is None else (out.tap_inputs,)
+        head = out.logits if window_logits_stats is None else out.stats
+        return head, out.taps if tap_project is None else folded, out.kv_cache
+    # LLaDA's CFG: the unconditional input masks the whole prompt; both halves in one forward
+    uncond = x.masked_fill(canvas.state[rows] == states.PROMPT, model.spec.mask_id)
+    out = model.predict(torch.cat([x, uncond]), torch.cat([positions, positions]),
+                        None if mask is None else torch.cat([mask, mask]), return_taps=taps,
+                        tap_positions=None if not taps else torch.cat([tap_positions, tap_positions]))
+    cond, un = out.logits.chunk(2)
+    # the controller reads the conditional pass's hidden states
+    return apply_cfg(cond, un, cfg_scale), None if not taps else tuple(t.chunk(2)[0] for t in out.taps), None
+
+
+def step_signals(head, *, spec, from_stats: bool, temperature: float, generator) -> Signals:
+    """The `Signals` of a forward's ``head``: `window_logits_stats`'s statistics (``from_stats``) or logits."""
+    if from_stats:
+        proposal, max_prob, second_prob, neg_entropy, eos_prob = head
+        return Signals(proposal, max_prob, max_prob - second_prob, neg_entropy, eos_prob)
+    return compute_signals(head, eos_id=spec.eos_id, temperature=temperature, generator=generator,
+                           tempered=spec.family == "dream")
+
+
+def _split_signals(signals: Signals, width: int) -> tuple[Signals, Signals]:
+    """The signals of the first ``width`` slots and of the rest."""
+    fields = [getattr(signals, f) for f in ("proposal", "confidence", "margin", "neg_entropy", "eos_prob")]
+    return Signals(*(f[:, :width] for f in fields)), Signals(*(f[:, width:] for f in fields))
+
+
+def step_input(signals: Signals, region: Region, state, counters: RowCounters, schedule: Schedule, *,
+               steps_per_region: int, rows, taps, folded: bool, attention_mask) -> StepInput:
+    """What the policy reads at this step, of the rows whose canvas states are ``state`` [b, L] and schedule
+    counters ``counters`` ([b] each). ``signals`` cover the region's slots and then its tail; ``taps`` are the
+    forward's (a 1-tuple of controller inputs when ``folded``)."""
+    lookahead = None
+    if region.tail is not None:
+        signals, tail_signals = _split_signals(signals, region.gather.shape[1])
+        tail_active = region.tail_inside & (state.gather(1, region.tail) == states.ACTIVE)
+        lookahead = Lookahead(tail_signals, tail_active, region.tail)
+    tap_inputs = None
+    if folded and taps is not None:
+        (tap_inputs,), taps = taps, None
+    return StepInput(signals=signals, active=region.valid & (state.gather(1, region.gather) == states.ACTIVE),
+                     region_step=counters.region_step, region_initial=counters.region_initial,
+                     region_active=schedule.region_active(state, counters.block_idx),
+                     steps_per_region=steps_per_region, positions=region.gather, state=state, rows=rows, taps=taps,
+                     tap_inputs=tap_inputs, attention_mask=attention_mask, lookahead=lookahead)
+
+
+def scatter_slots(values: torch.Tensor, into: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Write [b, R] slot values into a copy of ``into`` [b, L]; slots at position L (padding) are dropped."""
+    wide = torch.cat([into, into[:, :1]], dim=1)
+    return wide.scatter(1, positions, values.to(into.dtype))[:, :-1].contiguous()
+
+
+def close_step(policy: Policy, inp: StepInput, region: Region, x, state, attention_mask, *, end_ids, pad_id,
+               stop_at_eot, apply_commits, commit_step=None, generator=None, live=None, observe=None) -> tuple:
+    """Close the step of the rows of ``x`` / ``state`` [b, L] (in place): commit what the policy chooses.
+
+    When ``commit_step`` is given and the policy's `Policy.commit_rule` is that op's rule, the op scores, selects
+    and commits on the device in one pass. Otherwise the policy decides (chosen slots and an optional end-of-text
+    cut), ``observe(chosen)`` sees the choice before the commits, ``apply_commits`` writes them (and with
+    ``stop_at_eot`` fills a row's tail after a committed end token), and the cut truncates the row, masking its tail
+    in ``attention_mask``. ``live`` [b] (the engine's slots; None: every row) keeps the other rows whole.
+    stop_at_eot needs the tail fill of apply_commits, so it never takes the commit_step path.
+
+    Returns:
+        (first_active [b], committed [b]): each row's first active position (L for none) and its commit count.
+    """
+    signals, active = inp.signals, inp.active
+    length = x.shape[1]
+    scatter_pos = region.scatter_positions(length)
+    rule = None if commit_step is None or stop_at_eot else policy.commit_rule(inp)
+    if rule is not None:
+        score, tau, theta, cap = rule
+        was_active = (state == states.ACTIVE).sum(1)
+        first_active, _ = commit_step(score, tau, active, signals.proposal, scatter_pos, x, state, end_ids, theta,
+                                      cap)
+        return first_active, was_active - (state == states.ACTIVE).sum(1)
+    chosen, cut = policy.decide(inp, generator)
+    chosen = chosen & active
+    if observe is not None:
+        observe(chosen)
+    proposal = scatter_slots(signals.proposal, x, scatter_pos)
+    commit = scatter_slots(chosen, torch.zeros_like(x, dtype=torch.bool), scatter_pos)
+    first_active = apply_commits(x, state, proposal, commit, end_ids, pad_id, stop_at_eot)
+    if cut is not None:
+        if live is not None:
+            cut = torch.where(live, cut, length)
+        first_active = truncate_after(x, state, attention_mask, cut, pad_id)
+    return first_active, chosen.sum(1)
+
+
+def gen_lengths(generated: torch.Tensor, end_ids) -> list:
+    """[B] tokens of each row of ``generated`` [B, G] before its first end token (G for none)."""
+    is_end = torch.isin(generated, torch.as_tensor(end_ids, device=generated.device))
+    first_end = torch.where(is_end.any(1), is_end.to(torch.uint8).argmax(1),
+                            torch.full_like(generated[:, 0], generated.shape[1]))
+    return first_end.tolist()
+
+
+class Stopwatch:
+    """Wall-clock of a run on ``device``: `seconds` waits for the device's queued work first."""
+
+    def __init__(self, device):
+        self.device, self.start = device, time.perf_counter()
+
+    def seconds(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - self.start
