@@ -93,7 +93,7 @@ def test_resume_after_a_kill_gives_the_uninterrupted_result(micro, tmp_path):
 def test_the_verdict_is_recomputed_from_the_records_alone(micro, tmp_path):
     """A learned curve (here Learn2PD's rule stood in by a titled copy of the threshold's records) is judged against
     the heuristics from records.json, as `python -m tracelock.eval.matched` does."""
-    from tracelock.eval.frontier import format_matched, recompute_matched
+    from tracelock.eval.matched import format_matched, recompute_matched
 
     run_frontier(micro, sweeps=[parse_sweep(s) for s in SWEEPS], out=tmp_path, **ARGS)
     frontier, records = (json.loads((tmp_path / f).read_text()) for f in ("frontier.json", "records.json"))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tracelock.atomic import atomic_write, atomic_write_json, atomic_write_text
+from tracelock.eval.matched import format_matched, matched_from_records
 from tracelock.eval.runner import PolicySpec, Setting, check_policies, parse_settings, slug
 
 # the knob each policy is swept along by default, and its default values
@@ -177,22 +178,6 @@ def setting_records(runs: Path, policies: list) -> dict:
     return dict(ids=ids, points={label: dict(correct="".join("1" if r[i]["correct"] else "0" for i in ids),
                                               steps=[r[i]["steps"] for i in ids])
                                  for label, r in per_point.items()})
-
-
-def matched_from_records(records: dict, curves: dict, *, tolerance: float = 0.01, resamples: int = 1000) -> dict:
-    """`tracelock.eval.matched.matched_table` of one setting: every learned curve against the strongest heuristic,
-    from the points' per-item ``records`` (`setting_records`) and the curves' point labels."""
-    from tracelock.eval.matched import HEURISTICS, Curve, matched_table
-
-    built, heuristic = {}, set()
-    for name, points in curves.items():
-        labels = [p["label"] for p in points if p["label"] in records["points"]]
-        if labels:
-            built[name] = Curve(name, [[c == "1" for c in records["points"][lb]["correct"]] for lb in labels],
-                                [records["points"][lb]["steps"] for lb in labels], labels)
-            if labels[0].split(":")[0] in HEURISTICS:  # a point's label starts with its policy's name
-                heuristic.add(name)
-    return matched_table(built, heuristic, tolerance=tolerance, resamples=resamples)
 
 
 def _family(model_path) -> str:
@@ -382,47 +367,6 @@ def format_summary(result: dict) -> str:
             lines.append(f"| {task} | {setting} | {100 * ref['metric']:.1f}% / {ref['avg_steps']:.1f} | "
                          + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def _interval_cell(value, interval, scale=1.0, digits=1, sign=False) -> str:
-    if value is None:
-        return "n/a"
-    fmt = f"{{:{'+' if sign else ''}.{digits}f}}"
-    lo, hi = (fmt.format(b * scale) if b is not None else "never" for b in interval)
-    return f"{fmt.format(value * scale)} [{lo}, {hi}]"
-
-
-def format_matched(result: dict) -> str:
-    """The verdict table: every learned curve against the strongest heuristic, gap at matched steps (points) and
-    steps to the heuristics' best accuracy minus the tolerance, each with its 90% paired bootstrap interval."""
-    lines = ["accuracy gap at matched steps against the strongest heuristic (points, 90% paired bootstrap interval); "
-             "steps to the heuristics' best accuracy minus "
-             f"{100 * result['tolerance']:g} point (the heuristics' own in brackets after)",
-             "", "| task | setting | curve | gap at matched steps | P(gap > 0) | target | steps to target | "
-                 "heuristics |", "|---|---|---|---|---|---|---|---|"]
-    for task, settings in result["tasks"].items():
-        for setting, d in settings.items():
-            for curve, v in d.get("matched", {}).items():
-                heur = "not reached" if v["heuristic_steps_to_target"] is None else \
-                    f"{v['heuristic_steps_to_target']:.1f}"
-                steps = ("not reached" if v["steps_to_target"] is None else
-                         _interval_cell(v["steps_to_target"], v["steps_to_target_interval"]))
-                lines.append(f"| {task} | {setting} | {curve} | "
-                             f"{_interval_cell(v['gap'], v['gap_interval'], 100, sign=True)} | "
-                             f"{v['gap_above_zero']:.2f} | {100 * v['target']:.1f}% | {steps} | {heur} |")
-    return "\n".join(lines)
-
-
-def recompute_matched(folder, *, resamples: int = 1000) -> dict:
-    """frontier.json of ``folder`` with its verdict recomputed from the records beside it (records.json)."""
-    folder = Path(folder)
-    result = json.loads((folder / "frontier.json").read_text())
-    records = json.loads((folder / "records.json").read_text())
-    for task, settings in result["tasks"].items():
-        for setting, d in settings.items():
-            d["matched"] = matched_from_records(records[task][setting], d["curves"], tolerance=result["tolerance"],
-                                                resamples=resamples)
-    return result
 
 
 def _run(args) -> int:

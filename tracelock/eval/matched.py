@@ -17,11 +17,14 @@ is the 5th to 95th percentile (90%). A resample where a curve never reaches the 
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 
-__all__ = ["HEURISTICS", "Curve", "gap_at_matched_steps", "matched_table", "steps_to_accuracy", "verdict"]
+__all__ = ["HEURISTICS", "Curve", "format_matched", "gap_at_matched_steps", "matched_from_records", "matched_table",
+           "recompute_matched", "steps_to_accuracy", "verdict"]
 
 # the rules that need no training: the families' schedule rules and Fast-dLLM's (both forms)
 HEURISTICS = ("confidence", "entropy", "maskgit_plus", "topk_margin", "random", "origin", "topk", "threshold",
@@ -135,12 +138,65 @@ def matched_table(curves: dict, heuristic: set, *, tolerance: float = 0.01, resa
             for name, c in curves.items() if name not in heuristic}
 
 
+def matched_from_records(records: dict, curves: dict, *, tolerance: float = 0.01, resamples: int = 1000) -> dict:
+    """`matched_table` of one setting: every learned curve against the strongest heuristic,
+    from the points' per-item ``records`` (`tracelock.eval.frontier.setting_records`) and the curves' point labels."""
+    built, heuristic = {}, set()
+    for name, points in curves.items():
+        labels = [p["label"] for p in points if p["label"] in records["points"]]
+        if labels:
+            built[name] = Curve(name, [[c == "1" for c in records["points"][lb]["correct"]] for lb in labels],
+                                [records["points"][lb]["steps"] for lb in labels], labels)
+            if labels[0].split(":")[0] in HEURISTICS:  # a point's label starts with its policy's name
+                heuristic.add(name)
+    return matched_table(built, heuristic, tolerance=tolerance, resamples=resamples)
+
+
+def _interval_cell(value, interval, scale=1.0, digits=1, sign=False) -> str:
+    if value is None:
+        return "n/a"
+    fmt = f"{{:{'+' if sign else ''}.{digits}f}}"
+    lo, hi = (fmt.format(b * scale) if b is not None else "never" for b in interval)
+    return f"{fmt.format(value * scale)} [{lo}, {hi}]"
+
+
+def format_matched(result: dict) -> str:
+    """The verdict table: every learned curve against the strongest heuristic, gap at matched steps (points) and
+    steps to the heuristics' best accuracy minus the tolerance, each with its 90% paired bootstrap interval."""
+    lines = ["accuracy gap at matched steps against the strongest heuristic (points, 90% paired bootstrap interval); "
+             "steps to the heuristics' best accuracy minus "
+             f"{100 * result['tolerance']:g} point (the heuristics' own in brackets after)",
+             "", "| task | setting | curve | gap at matched steps | P(gap > 0) | target | steps to target | "
+                 "heuristics |", "|---|---|---|---|---|---|---|---|"]
+    for task, settings in result["tasks"].items():
+        for setting, d in settings.items():
+            for curve, v in d.get("matched", {}).items():
+                heur = "not reached" if v["heuristic_steps_to_target"] is None else \
+                    f"{v['heuristic_steps_to_target']:.1f}"
+                steps = ("not reached" if v["steps_to_target"] is None else
+                         _interval_cell(v["steps_to_target"], v["steps_to_target_interval"]))
+                lines.append(f"| {task} | {setting} | {curve} | "
+                             f"{_interval_cell(v['gap'], v['gap_interval'], 100, sign=True)} | "
+                             f"{v['gap_above_zero']:.2f} | {100 * v['target']:.1f}% | {steps} | {heur} |")
+    return "\n".join(lines)
+
+
+def recompute_matched(folder, *, resamples: int = 1000) -> dict:
+    """frontier.json of ``folder`` with its verdict recomputed from the records beside it (records.json)."""
+    folder = Path(folder)
+    result = json.loads((folder / "frontier.json").read_text())
+    records = json.loads((folder / "records.json").read_text())
+    for task, settings in result["tasks"].items():
+        for setting, d in settings.items():
+            d["matched"] = matched_from_records(records[task][setting], d["curves"], tolerance=result["tolerance"],
+                                                resamples=resamples)
+    return result
+
+
 def main(argv=None) -> int:
     """``python -m tracelock.eval.matched FOLDER``: the verdict table of a frontier folder (frontier.json and
     records.json), recomputed from its per-item records."""
     import argparse
-
-    from tracelock.eval.frontier import format_matched, recompute_matched
 
     p = argparse.ArgumentParser(prog="python -m tracelock.eval.matched", description=main.__doc__)
     p.add_argument("folder", help="a `tracelock frontier --out` folder, or one with its frontier.json and records.json")
