@@ -148,7 +148,7 @@ def test_bad_sweeps_are_refused(sweep, match):
 
 
 def test_a_bare_name_takes_its_default_grid_and_one_value_is_one_point():
-    assert parse_sweep("threshold").values == (0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
+    assert parse_sweep("threshold").values == (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
     one = parse_sweep("threshold:tau=0.9:cache=dual")
     assert (one.knob, one.values, one.fixed) == ("tau", (0.9,), {"cache": "dual"})
     assert one.points(Setting(64, 16))[0].args == {"tau": 0.9, "cache": "dual"}
