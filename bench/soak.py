@@ -46,7 +46,7 @@ from pathlib import Path
 
 POLICIES = ("threshold:tau=0.9", "confidence", "tracelock")
 SERVER = ("--model testbed --policy threshold:tau=0.9,confidence,tracelock --controller testbed --block 16 "
-          "--max-tokens 32 --default-max-tokens 16 --max-engines 24 --threads 1")
+          "--max-tokens 32 --default-max-tokens 16 --max-engines 16 --threads 1")
 MAX_TOKENS = (8, 16, 24, 32)
 STOPS = (None, ["\n"], ["####", " = "])
 TIMEOUT = 600  # seconds a client waits on one response before it counts the request as lost

@@ -76,7 +76,6 @@ class Submission:
     slot: int | None = None
     text: TextStream | None = None
     alone: bool = False  # decode in a one-slot lane of its own (its lane's step raised: find the failing row)
-    submitted: float = 0.0  # time.monotonic() when accepted
 
     @property
     def watches_prefix(self) -> bool:
@@ -115,7 +114,7 @@ class Scheduler:
         self._cv = threading.Condition()
         self._inbox, self._cancels, self._stopping = [], [], False
         self._in_server = 0  # accepted requests not yet answered or dropped (under _cv)
-        self._seconds = None  # moving mean of a request's seconds in the server, for the retry hint
+        self._departures = deque(maxlen=32)  # time.monotonic() of the last requests to leave, for the retry hint
         self._waiting = deque()
         self._lanes = OrderedDict()  # (setting, prompt bucket) -> Lane, least recently used first
         self._thread = None
@@ -145,27 +144,28 @@ class Scheduler:
             if self._in_server >= self.max_batch + self.max_waiting:
                 return False
             self._in_server += 1
-            sub.submitted = time.monotonic()
             self._inbox.append(sub)
             self._cv.notify()
         return True
 
     def retry_after(self) -> int:
-        """Seconds a refused client should wait: about when the requests ahead of it free a batch's worth of
-        slots (the moving mean of a request's time in the server, at least 1 s)."""
+        """Seconds a refused client should wait: about when the next request leaves the server and frees a place
+        (the mean gap between the last departures), at least 1 and at most 60."""
         with self._cv:
-            seconds, queued = self._seconds or 1.0, max(0, self._in_server - self.max_batch)
-        return max(1, math.ceil(seconds * (1 + queued // self.max_batch)))
+            times = list(self._departures)
+        if len(times) < 2:
+            return 1
+        gap = (max(times[-1], time.monotonic()) - times[0]) / (len(times) - 1)
+        return min(60, max(1, math.ceil(gap)))
 
-    def _left(self, sub: Submission) -> None:
+    def _left(self) -> None:
         """A request is out of the server (answered, failed or dropped): count it out once."""
         with self._cv:
             self._in_server -= 1
-            seconds = time.monotonic() - sub.submitted
-            self._seconds = seconds if self._seconds is None else 0.9 * self._seconds + 0.1 * seconds
+            self._departures.append(time.monotonic())
 
     def _fail(self, sub: Submission, error: APIError) -> None:
-        self._left(sub)
+        self._left()
         sub.emit(("error", error))
 
     def cancel(self, sub: Submission) -> None:
@@ -183,7 +183,8 @@ class Scheduler:
         try:
             while True:
                 with self._cv:
-                    while not (self._stopping or self._inbox or self._cancels or self._running()):
+                    # waiting rows with none running: rows a failed step sent back (see _isolate)
+                    while not (self._stopping or self._inbox or self._cancels or self._running() or self._waiting):
                         self._cv.wait()
                     if self._stopping:
                         break
@@ -263,10 +264,10 @@ class Scheduler:
         if sub.lane is not None and sub.lane.rows.get(sub.slot) is sub:
             sub.lane.engine.release(sub.slot)
             del sub.lane.rows[sub.slot]
-            self._left(sub)
+            self._left()
         elif sub in self._waiting:
             self._waiting.remove(sub)
-            self._left(sub)
+            self._left()
 
     def _step(self, lane: Lane) -> None:
         engine = lane.engine
@@ -324,5 +325,5 @@ class Scheduler:
         answer = sub.text.answer
         self.metrics.inc("prompt_tokens_total", len(sub.prompt))
         self.metrics.inc("generated_tokens_total", len(answer.token_ids))
-        self._left(sub)
+        self._left()
         sub.emit(("done", Result(answer, len(sub.prompt), sub.setting.gen_length, stats.steps[0])))
