@@ -10,6 +10,8 @@ Everything else (the policy, the step accounting) is shared, and the two must gi
 counts. With ``cache="prefix"|"dual"`` both run the same approximate KV cache (`tracelock.decode.kv_cache`).
 """
 
+import math
+import numbers
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -63,10 +65,11 @@ class DecodeStats:
 def _check_options(model, temperature, cfg_scale):
     if not isinstance(model, DiffusionBackbone):
         raise TypeError(f"model must be a tracelock DiffusionBackbone (from tracelock.load_model), got {type(model)}")
-    if not temperature >= 0:
-        raise ValueError(f"temperature={temperature!r} must be >= 0 (0 = greedy)")
-    if not cfg_scale >= 0:
-        raise ValueError(f"cfg_scale={cfg_scale!r} must be >= 0 (0 = no classifier-free guidance)")
+    for name, value, zero in (("temperature", temperature, "greedy"), ("cfg_scale", cfg_scale,
+                                                                       "no classifier-free guidance")):
+        # a real number (None, a string or inf would fail deep in the loop, or decode garbage)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
+            raise ValueError(f"{name}={value!r} must be a finite number >= 0 (0 = {zero})")
 
 
 def _scatter(values: torch.Tensor, into: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
