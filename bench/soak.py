@@ -340,15 +340,15 @@ def settle(base: str, timeout: float = 60) -> dict:
 def run_round(jobs: list, clients: int, client: Client, base: str, expected: dict, pid: int) -> dict:
     """Send every job from ``clients`` clients; check them and the server's counters; the figures."""
     before = server_counters(base)
-    peak, stop = [rss_bytes(pid)], threading.Event()
+    start = time.perf_counter()
+    timeline, stop = [(0.0, rss_bytes(pid))], threading.Event()
 
     def watch():  # the server's resident memory, twice a second
         while not stop.wait(0.5):
-            peak.append(rss_bytes(pid))
+            timeline.append((time.perf_counter() - start, rss_bytes(pid)))
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:  # C threads pulling jobs: C closed-loop clients
         done = list(pool.map(client.run, jobs))
     wall = time.perf_counter() - start
@@ -394,7 +394,9 @@ def run_round(jobs: list, clients: int, client: Client, base: str, expected: dic
         equal_to_offline=len(valid), requests_per_second=len(done) / wall, completion_tokens=tokens,
         tokens_per_second=tokens / wall, latency_p50=percentile(latencies, 50), latency_p99=percentile(latencies, 99),
         ttft_p50=percentile(ttft, 50), ttft_p99=percentile(ttft, 99),
-        rss_start=peak[0], rss_peak=max(peak), rss_end=rss_bytes(pid),
+        rss_start=timeline[0][1], rss_peak=max(r for _, r in timeline), rss_end=rss_bytes(pid),
+        rss_timeline=timeline[::max(1, len(timeline) // 40)],  # about 40 (seconds, bytes) points
+        engines=(before["tracelock_engines"], after["tracelock_engines"]),
         decode_steps=after["tracelock_decode_steps_total"] - before["tracelock_decode_steps_total"],
         rows_per_step=(after["tracelock_row_steps_total"] - before["tracelock_row_steps_total"])
         / max(1, after["tracelock_decode_steps_total"] - before["tracelock_decode_steps_total"]))
@@ -429,6 +431,9 @@ def main(argv=None) -> int:
                    help="the server's --max-waiting; batch + waiting below --clients meets a full server "
                         "(default 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the plan (default 0)")
+    p.add_argument("--max-rss-growth", type=float,
+                   help="also fail when the server's RSS grows more than this share over the soak round, e.g. 0.05 "
+                        "(default: report it only)")
     p.add_argument("--server-args", default=SERVER, help=f"tracelock serve's other options (default: {SERVER})")
     p.add_argument("--out", help="JSON file for the figures (default: print only)")
     args = p.parse_args(argv)
@@ -467,6 +472,10 @@ def main(argv=None) -> int:
     soak = rounds["soak"]
     growth = soak["rss_end"] / soak["rss_start"] - 1
     ok = all(passed(r) for r in rounds.values()) and exit_code == 0
+    if args.max_rss_growth is not None and growth > args.max_rss_growth:
+        print(f"the server's RSS grew {growth:.1%} over the soak, more than --max-rss-growth {args.max_rss_growth}",
+              file=sys.stderr)
+        ok = False
     mib = 1 << 20
     print(f"tracelock serve {' '.join(server_args)}\n{platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, torch {torch.__version__}; offline answers {offline_seconds:.0f} s\n")
