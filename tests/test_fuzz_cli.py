@@ -152,6 +152,8 @@ def test_every_command_runs_or_names_the_bad_option(data):
     assert "error:" in last, f"exit {status}, the last line is not an error: {stderr}"
     if last.startswith("tracelock ") and ": error: " in last:  # tracelock's own: names an option or the value
         message = last.split(": error: ", 1)[1]
-        given_ = [a for a in argv[1:] if len(a) >= 3] + [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--")]
+        options = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--")]
+        # the option as given, or as the keyword it becomes (device='' names --device); a value given
+        given_ = [a for a in argv[1:] if len(a) >= 3] + options + [o[2:].replace("-", "_") for o in options]
         named = [g for g in given_ if g in message]
         assert named or re.search(r"--[a-z]", message), f"names no option nor value given: {last} (argv {argv})"
