@@ -126,7 +126,7 @@ def check_output(model, prompts, kwargs, tokens, stats) -> None:
         assert not bool((generated == spec.mask_id).any()), "a generated position left masked"
 
 
-@fuzz_settings(ci=150)
+@fuzz_settings(ci=100)
 @given(data=st.data())
 def test_fused_generate_decodes_or_names_the_argument(tiny, data):
     spec = tiny.spec
@@ -150,7 +150,7 @@ def test_fused_generate_decodes_or_names_the_argument(tiny, data):
     assert math.isfinite(temperature) and math.isfinite(cfg), "a non-finite temperature or cfg_scale decoded"
 
 
-@fuzz_settings(ci=60)
+@fuzz_settings(ci=40)
 @given(data=st.data())
 def test_generate_many_decodes_or_names_the_argument(tiny, data):
     spec = tiny.spec

@@ -21,7 +21,8 @@ import torch
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from tracelock.cli import build_parser, main
+import tracelock.cli
+from tracelock.cli import build_parser
 
 _spec = importlib.util.spec_from_file_location("fuzzing", Path(__file__).with_name("fuzzing.py"))
 fuzzing = importlib.util.module_from_spec(_spec)
@@ -103,7 +104,7 @@ def run(argv: list) -> tuple:
     signal.alarm(RUN_SECONDS)
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-            status = main(argv)
+            status = tracelock.cli.main(argv)
     except SystemExit as exit:  # argparse
         status = exit.code
     except StillRunning:
@@ -133,7 +134,7 @@ def serve_options(argv: list) -> tuple:
     return 0, ""
 
 
-@fuzzing.fuzz_settings(ci=120)
+@fuzzing.fuzz_settings(ci=100)
 @given(data=st.data())
 def test_every_command_runs_or_names_the_bad_option(data):
     with tempfile.TemporaryDirectory() as tmp:

@@ -58,7 +58,7 @@ def blame(text: str) -> set:
             "refresh_every", "refresh_shift", "controller", "filters", *(k for k in keys if k)}
 
 
-@fuzzing.fuzz_settings(ci=300)
+@fuzzing.fuzz_settings(ci=60)
 @given(text=spec_text())
 def test_eval_policy_specs_parse_build_and_decode_or_name_the_key(tiny, text):
     try:
@@ -84,7 +84,7 @@ def test_eval_policy_specs_parse_build_and_decode_or_name_the_key(tiny, text):
         assert not bool((tokens[0, 3:] == tiny.spec.mask_id).any())
 
 
-@fuzzing.fuzz_settings(ci=300)
+@fuzzing.fuzz_settings(ci=200)
 @given(text=spec_text(), block=st.sampled_from([None, 16, 0, -4]), window=st.sampled_from([None, 16]),
        cache=st.sampled_from([None, "prefix", "dual"]))
 def test_served_policy_specs_parse_or_name_the_key(text, block, window, cache):

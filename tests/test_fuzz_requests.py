@@ -108,7 +108,7 @@ def send(host: str, port: int, path: str, raw: bytes) -> tuple:
         conn.close()
 
 
-@fuzzing.fuzz_settings(ci=150)
+@fuzzing.fuzz_settings(ci=100)
 @given(req=request())
 def test_every_body_is_answered_or_refused_naming_the_field(server, req):
     host, port, served = server

@@ -10,6 +10,8 @@ import socket
 import threading
 from pathlib import Path
 
+from tracelock.cli_common import thread_count
+
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -187,7 +189,7 @@ def add_parsers(sub) -> None:
                    help="compile the decode steps: inductor (torch.compile; with CUDA graphs on CUDA) or cudagraphs "
                         "(CUDA only: the eager steps captured as CUDA graphs, no compile time); the first requests of "
                         "each setting and row count wait for it (default: eager; --compile alone: inductor)")
-    p.add_argument("--threads", type=int, help="torch threads of the decode thread (default: torch's)")
+    p.add_argument("--threads", type=thread_count, help="torch threads of the decode thread (default: torch's)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default 8000)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
