@@ -21,6 +21,7 @@ import torch
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+import tracelock
 import tracelock.cli
 from tracelock.cli import build_parser
 
@@ -31,6 +32,10 @@ _spec.loader.exec_module(fuzzing)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 RUN_SECONDS = 8  # a command still running after this accepted its options
+# import what the commands import lazily now: a command stopped in the middle of an import would leave a half-made
+# module behind for the next one (an ImportError of the harness, not of the command)
+tracelock.load_tokenizer("testbed")
+importlib.import_module("matplotlib.pyplot")
 SUBPARSERS = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
 COMMANDS = sorted(c for c in SUBPARSERS if c != "lm-eval")
 
@@ -142,19 +147,26 @@ def test_every_command_runs_or_names_the_bad_option(data):
         (folder / "empty").mkdir()
         (folder / "garbage.json").write_bytes(b"\x00{not json at all")
         command, argv = data.draw(command_line(folder), label="argv")
-        status, stderr = serve_options(argv) if command == "serve" else run(argv)
+        cwd = os.getcwd()
+        os.chdir(folder)  # a relative --out ("1", "", ...) lands in the scratch folder, not in the checkout
+        try:
+            status, stderr = serve_options(argv) if command == "serve" else run(argv)
+        finally:
+            os.chdir(cwd)
     assert "Traceback" not in stderr, stderr
     event(f"exit {status}")  # pytest --hypothesis-show-statistics: how the inputs ended
     if status in (0, None, "running"):
         return
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    assert lines, f"exit {status} without a word"
-    last = lines[-1]
-    assert "error:" in last, f"exit {status}, the last line is not an error: {stderr}"
-    if last.startswith("tracelock ") and ": error: " in last:  # tracelock's own: names an option or the value
-        message = last.split(": error: ", 1)[1]
+    # a progress bar may redraw itself (carriage returns) after the error line
+    errors = [line for line in re.split(r"[\r\n]+", stderr) if "error:" in line]
+    assert errors, f"exit {status} without an error line: {stderr!r}"
+    last = errors[-1].strip()
+    own = re.search(r"tracelock [\w-]+: error: (.*)", last)
+    if own:  # tracelock's own line (argparse's names its option itself): names an option or the value
+        message = own[1]
         options = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--")]
         # the option as given, or as the keyword it becomes (device='' names --device); a value given
-        given_ = [a for a in argv[1:] if len(a) >= 3] + options + [o[2:].replace("-", "_") for o in options]
-        named = [g for g in given_ if g in message]
+        values = [a for a in argv[1:] if len(a) >= 3] + [a.split("=", 1)[1] for a in argv[1:] if "=" in a]
+        given_ = [v for v in values if v] + options + [o[2:].replace("-", "_") for o in options]
+        named = [g for g in given_ if g in message] + [v for v in argv[1:] if f"'{v}'" in message]
         assert named or re.search(r"--[a-z]", message), f"names no option nor value given: {last} (argv {argv})"
