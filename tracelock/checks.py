@@ -30,7 +30,9 @@ def _is_id(value) -> bool:
 def check_prompt_lists(prompts, name: str = "input_ids") -> None:
     """A list of prompts must hold token-id sequences of ints: a flat list of ints is one prompt that was not
     wrapped (what ``tok(text)["input_ids"]`` returns), and float ids would be truncated silently."""
-    if not prompts:
+    if isinstance(prompts, str) or not hasattr(prompts, "__len__") or getattr(prompts, "ndim", 1) == 0:
+        raise TypeError(f"{name} must be a list of token-id lists, got {type(prompts).__name__}")
+    if not len(prompts):
         raise ValueError(f"{name} is empty; pass at least one prompt (a list of token ids)")
     for i, seq in enumerate(prompts):
         if _is_id(seq) or (isinstance(seq, torch.Tensor) and seq.dim() == 0):
@@ -79,4 +81,4 @@ def check_decode_inputs(model, input_ids, policy_args) -> None:
     elif isinstance(input_ids, torch.Tensor) and spec is not None and input_ids.dtype == torch.long:
         # the shape itself is checked with the canvas; a 1-D tensor is one prompt
         if input_ids.dim() in (1, 2):
-            _check_id_range(input_ids.reshape(-1, input_ids.shape[-1]), spec.vocab_size, "input_ids")
+            _check_id_range(input_ids if input_ids.dim() == 2 else input_ids[None], spec.vocab_size, "input_ids")

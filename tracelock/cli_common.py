@@ -79,6 +79,15 @@ def positive_int(text: str) -> int:
     return value
 
 
+def thread_count(text: str) -> int:
+    """argparse type of ``--threads``: at least 1, at most 4 threads per core (at least 64): OpenMP allocates every
+    thread's state up front, and a huge count ends the process with its own out-of-memory message."""
+    value, limit = positive_int(text), max(64, 4 * (os.cpu_count() or 1))
+    if value > limit:
+        raise argparse.ArgumentTypeError(f"{value} threads on {os.cpu_count()} cores; pass at most {limit}")
+    return value
+
+
 def add_limit(parser, *, help: str, default=None, old: tuple = ()) -> None:
     """The item count, ``--limit N``; ``old`` spellings (``--n``, ``--num``) stay as deprecated aliases."""
     parser.add_argument("--limit", type=positive_int, default=default, metavar="N", help=help)
@@ -175,7 +184,7 @@ def default_threads() -> int:
 def add_runtime_options(parser) -> None:
     """``--threads`` and ``--quiet``, on every subcommand (one that defines ``--threads`` itself keeps its own)."""
     if "--threads" not in parser._option_string_actions:
-        parser.add_argument("--threads", type=positive_int, default=None, metavar="N",
+        parser.add_argument("--threads", type=thread_count, default=None, metavar="N",
                             help=f"torch CPU threads of this process (default: $OMP_NUM_THREADS if set, else the "
                                  f"physical cores, {default_threads()} here, or the cores the load leaves free when "
                                  "the machine is busy at the start: threads that wait for a core make decoding many "

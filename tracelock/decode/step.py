@@ -7,6 +7,8 @@ calls these on the live rows with host-side control flow; `tracelock.decode.engi
 ones on every slot inside its static-shape graphs. `DecodeStats` is what both report.
 """
 
+import math
+import numbers
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -45,10 +47,11 @@ class DecodeStats:
 def check_options(model, temperature, cfg_scale) -> None:
     if not isinstance(model, DiffusionBackbone):
         raise TypeError(f"model must be a tracelock DiffusionBackbone (from tracelock.load_model), got {type(model)}")
-    if not temperature >= 0:
-        raise ValueError(f"temperature={temperature!r} must be >= 0 (0 = greedy)")
-    if not cfg_scale >= 0:
-        raise ValueError(f"cfg_scale={cfg_scale!r} must be >= 0 (0 = no classifier-free guidance)")
+    for name, value, zero in (("temperature", temperature, "greedy"), ("cfg_scale", cfg_scale,
+                                                                       "no classifier-free guidance")):
+        # a real number (None, a string or inf would fail deep in the loop, or decode garbage)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
+            raise ValueError(f"{name}={value!r} must be a finite number >= 0 (0 = {zero})")
 
 
 def setup_run(policy, policy_args, *, gen_length, block, window, idle_steps, cache, refresh_every, refresh_shift,

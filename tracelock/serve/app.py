@@ -5,6 +5,10 @@ Handlers only validate, tokenize and wait: decoding happens on the scheduler's t
 per-request asyncio queue. A client that disconnects (mid-stream, or while waiting for a whole answer) has its
 request cancelled, which frees its batch slot before the next step.
 
+A full server (``--max-batch`` decoding and ``--max-waiting`` queued) answers a new request 429 at once, and a
+server shutting down (SIGTERM: it finishes the requests it has, then exits) answers 503; both carry a
+``Retry-After`` header (seconds), as OpenAI's own client reads it.
+
 Responses follow OpenAI's shapes, with three additions: ``choices[i].token_ids`` (the answer's token ids), and in
 ``usage``: ``gen_length`` (the generation length ``max_tokens`` was mapped to), ``steps`` (decoding steps of the
 row) and ``policy`` (the policy that decoded it).
@@ -32,6 +36,7 @@ class ServerState:
     scheduler: Scheduler
     metrics: object
     mask_id: int
+    draining: bool = False  # SIGTERM came: the running requests finish, new ones are refused
 
 
 def _usage(result: Result, policy: str) -> dict:
@@ -107,12 +112,22 @@ def create_app(state: ServerState) -> FastAPI:
         metrics.inc("requests_total", endpoint=endpoint, outcome="error")
         return JSONResponse(err.body(), status_code=err.status)
 
+    def refusal(status: int, message: str, code: str, endpoint: str) -> JSONResponse:
+        """429 (full) or 503 (shutting down), with the seconds to wait in Retry-After."""
+        metrics.inc("requests_total", endpoint=endpoint, outcome="refused")
+        seconds = state.scheduler.retry_after()
+        err = APIError(status, f"{message}; retry in {seconds} s", type="server_error" if status == 503 else
+                       "rate_limit_error", code=code)
+        return JSONResponse(err.body(), status_code=status, headers={"retry-after": str(seconds)})
+
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):  # unknown routes and methods, OpenAI-style
         return JSONResponse(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
                                      type="invalid_request_error").body(), status_code=exc.status_code)
 
     async def generate(request: Request, endpoint: _Endpoint):
+        if state.draining:
+            return refusal(503, "the server is shutting down", "shutting_down", endpoint.name)
         try:
             req = parse_body(endpoint.request_model, await request.body())
             if req.model != config.model_name:
@@ -134,7 +149,9 @@ def create_app(state: ServerState) -> FastAPI:
         sub = Submission(prompt=prompt, setting=config.setting(policy, gen_length, req.temperature, req.seed),
                          policy=policy, max_tokens=max_tokens, stops=req.stops, stream=req.stream,
                          emit=_emitter(loop, queue))
-        state.scheduler.submit(sub)
+        if not state.scheduler.submit(sub):
+            return refusal(429, f"the server is full ({config.max_batch} requests decoding, "
+                                f"{state.scheduler.max_waiting} waiting)", "server_full", endpoint.name)
         head = dict(id=endpoint.id_prefix + sub.id, created=int(time.time()), model=config.model_name)
         if req.stream:
             return StreamingResponse(_stream(endpoint, sub, queue, head, policy.label), media_type="text/event-stream")

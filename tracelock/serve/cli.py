@@ -4,9 +4,14 @@ Uvicorn + FastAPI: a maintained ASGI stack whose streaming responses are cancell
 (which is how a dropped stream frees its batch slot), with pydantic (already FastAPI's) for strict request bodies.
 """
 
+import contextlib
 import os
+import signal
 import socket
+import threading
 from pathlib import Path
+
+from tracelock.cli_common import thread_count
 
 DTYPES = ("float32", "bfloat16", "float16")
 # the key clients must send when --api-key is not given (keeps it off the command line, where `ps` shows it)
@@ -48,6 +53,11 @@ def serve_config(args, max_positions: int):
     for name in ("max_batch", "max_tokens", "default_max_tokens", "max_engines"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1")
+    if args.max_waiting < 0:
+        raise ValueError(f"--max-waiting {args.max_waiting} must be >= 0 (0: refuse every request beyond "
+                         "--max-batch)")
+    if not args.drain_timeout >= 0:  # also refuses nan
+        raise ValueError(f"--drain-timeout {args.drain_timeout} must be >= 0 seconds")
     if args.default_max_tokens > args.max_tokens:
         raise ValueError(f"--default-max-tokens {args.default_max_tokens} exceeds --max-tokens {args.max_tokens}")
     block = args.block if args.block or args.window else 32
@@ -86,9 +96,39 @@ def build_state(args):
     metrics = Metrics(args.max_batch)
     scheduler = Scheduler(model, tokenizer, max_batch=args.max_batch, metrics=metrics, controller=args.controller,
                           l2p=args.l2p, compile={None: False, "inductor": True}.get(args.compile, args.compile),
-                          max_engines=args.max_engines)
+                          max_engines=args.max_engines, max_waiting=args.max_waiting)
     return ServerState(config=config, tokenizer=tokenizer, scheduler=scheduler, metrics=metrics,
                        mask_id=model.spec.mask_id)
+
+
+def _draining_server(uvicorn, state):
+    """A uvicorn server whose SIGTERM / SIGINT drains: new requests are refused (503; the listening socket closes),
+    those in the server finish (up to ``timeout_graceful_shutdown``), then ``run`` returns and the process exits 0.
+    (Uvicorn's own handler re-raises the signal after its shutdown, so the process would end killed by it.)"""
+
+    class DrainingServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+        def handle_exit(self, sig, frame):
+            if not state.draining:
+                print(f"tracelock serve: {signal.Signals(sig).name}: finishing the requests in the server, then "
+                      "exiting", flush=True)
+            state.draining = True
+            if self.should_exit and sig == signal.SIGINT:  # a second Ctrl-C: stop now
+                self.force_exit = True
+            self.should_exit = True
+
+    return DrainingServer
 
 
 def run_serve(args) -> int:
@@ -107,11 +147,14 @@ def run_serve(args) -> int:
           f"(policies {', '.join(p.label for p in state.config.policies)}; max batch {args.max_batch}"
           f"{'; API key required' if state.config.api_key else ''})",
           flush=True)
-    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level=args.log_level, timeout_graceful_shutdown=5))
+    server = _draining_server(uvicorn, state)(uvicorn.Config(create_app(state), log_level=args.log_level,
+                                                             timeout_graceful_shutdown=args.drain_timeout))
     try:
         server.run(sockets=[sock])
     finally:
         state.scheduler.stop()
+    if state.draining:
+        print("tracelock serve: stopped", flush=True)
     return 0
 
 
@@ -147,13 +190,19 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-engines", type=int, default=8,
                    help="decode engines kept (one per policy, generation length, temperature and prompt bucket in "
                         "use); idle ones are dropped beyond it (default 8)")
+    p.add_argument("--max-waiting", type=int, default=256,
+                   help="requests that may wait for a slot beyond --max-batch; more are answered 429 with a "
+                        "Retry-After header at once (default 256)")
+    p.add_argument("--drain-timeout", type=float, default=60.0,
+                   help="on SIGTERM / Ctrl-C, seconds the requests in the server get to finish before they are "
+                        "cancelled (default 60)")
     p.add_argument("--model-dtype", default="float32", choices=DTYPES, help="backbone dtype (default float32)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
     p.add_argument("--compile", nargs="?", const="inductor", choices=["inductor", "cudagraphs"],
                    help="compile the decode steps: inductor (torch.compile; with CUDA graphs on CUDA) or cudagraphs "
                         "(CUDA only: the eager steps captured as CUDA graphs, no compile time); the first requests of "
                         "each setting and row count wait for it (default: eager; --compile alone: inductor)")
-    p.add_argument("--threads", type=int, help="torch threads of the decode thread (default: torch's)")
+    p.add_argument("--threads", type=thread_count, help="torch threads of the decode thread (default: torch's)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default 8000)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],

@@ -70,8 +70,11 @@ def parse_served_policies(text: str, *, block: int | None, window: int | None, c
         width = decode.get("block") or decode.get("window")
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ValueError(f"--policy {spec.label}: the block / window width must be a positive int, got {width!r}")
-        validate_cache(decode["cache"], decode.get("refresh_every"), decode.get("refresh_shift"),
-                       "block" if "block" in decode else "window", 0.0)
+        try:
+            validate_cache(decode["cache"], decode.get("refresh_every"), decode.get("refresh_shift"),
+                           "block" if "block" in decode else "window", 0.0)
+        except ValueError as err:  # its message names the keyword, not the option it came from
+            raise ValueError(f"--policy {spec.label}: {err}") from None
         served.append(ServedPolicy(spec.label, spec.name, args, {k: v for k, v in decode.items() if v is not None}))
     return served
 

@@ -10,7 +10,9 @@ import threading
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 _HELP = {
-    "requests_total": ("counter", "Requests answered, by endpoint and outcome (ok, error, cancelled)."),
+    "requests_total": ("counter", "Requests answered, by endpoint and outcome (ok; error: a 4xx or a failed decode; "
+                                  "refused: 429 or 503, the server full or shutting down; cancelled: the client "
+                                  "went away)."),
     "prompt_tokens_total": ("counter", "Prompt tokens of the requests that were decoded."),
     "generated_tokens_total": ("counter", "Completion tokens sent (after end tokens, stop strings and max_tokens)."),
     "decode_steps_total": ("counter", "Decode steps run (one step advances every live row of one engine)."),
@@ -21,6 +23,7 @@ _HELP = {
     "batch_occupancy": ("gauge", "requests_running / batch_capacity."),
     "engines": ("gauge", "Decode engines allocated (one per decode setting and prompt bucket in use)."),
     "step_cpu_seconds_total": ("counter", "CPU time of the decode thread in steps (its own torch threads only)."),
+    "step_failures_total": ("counter", "Engine steps that raised (their rows start again, each alone)."),
     "step_seconds": ("histogram", "Wall time of one engine step."),
 }
 
@@ -39,7 +42,8 @@ class Metrics:
         self._step_sum = 0.0
         self.set("batch_capacity", capacity)
         for name in ("requests_running", "requests_waiting", "batch_occupancy", "engines", "prompt_tokens_total",
-                     "generated_tokens_total", "decode_steps_total", "row_steps_total", "step_cpu_seconds_total"):
+                     "generated_tokens_total", "decode_steps_total", "row_steps_total", "step_cpu_seconds_total",
+                     "step_failures_total"):
             self.set(name, 0)
         self._capacity = capacity
 

@@ -1,5 +1,7 @@
-"""``tracelock serve`` in a child process on loopback, for tests and the load benchmark: `serving(args)` starts it
-on a free port, waits until ``/health`` answers, yields the base URL (``http://127.0.0.1:PORT/v1``) and stops it."""
+"""``tracelock serve`` in a child process on loopback, for tests and the load benchmarks: `serving(args)` starts it
+on a free port, waits until ``/health`` answers, yields the base URL (``http://127.0.0.1:PORT/v1``) and stops it;
+`server_process(args)` yields a `Served` (the URL, the process and its output so far) for tests that signal it or
+read its memory."""
 
 import contextlib
 import json
@@ -10,14 +12,29 @@ import sys
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 
 _LISTENING = re.compile(r"on (http://\S+/v1)")
+
+
+@dataclass
+class Served:
+    url: str  # http://127.0.0.1:PORT/v1
+    proc: subprocess.Popen
+    lines: list  # the server's output lines so far (stdout and stderr)
 
 
 @contextlib.contextmanager
 def serving(args: list, *, env: dict | None = None, timeout: float = 300.0):
     """Run ``tracelock serve --host 127.0.0.1 --port 0 *args``; yields its base URL. Raises RuntimeError with the
     server's output when it exits or does not answer within ``timeout`` seconds."""
+    with server_process(args, env=env, timeout=timeout) as served:
+        yield served.url
+
+
+@contextlib.contextmanager
+def server_process(args: list, *, env: dict | None = None, timeout: float = 300.0):
+    """`serving`, yielding a `Served`; on exit a server still running is sent SIGTERM (SIGKILL after 30 s)."""
     cmd = [sys.executable, "-m", "tracelock", "serve", "--host", "127.0.0.1", "--port", "0", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ if env is None else env))
@@ -50,7 +67,7 @@ def serving(args: list, *, env: dict | None = None, timeout: float = 300.0):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"tracelock serve is not healthy at {base}\n{''.join(lines)[-4000:]}")
             time.sleep(0.2)
-        yield base
+        yield Served(base, proc, lines)
     finally:
         proc.terminate()
         try:

@@ -136,7 +136,7 @@ def parse_body(model: type, raw: bytes):
         first = err.errors(include_url=False)[0]
         if first["type"] == "json_invalid":
             raise APIError(400, f"the request body is not valid JSON ({first['msg']})") from None
-        if first["type"] == "model_type" or not first["loc"]:
+        if not first["loc"]:  # the body itself (a list, a number): "model_type" deeper down names its field
             raise APIError(400, "the request body must be a JSON object") from None
         param = _param(first["loc"])
         raise APIError(400, f"{param}: {first['msg']}", param) from None

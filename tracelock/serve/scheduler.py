@@ -15,8 +15,17 @@ thread steps them all:
 Results go back to each request's asyncio queue with ``loop.call_soon_threadsafe``, so the event loop never waits
 for a step. Lanes without rows are kept for reuse (their graphs and buffers) up to ``max_engines``; beyond it the
 least recently used idle lane is dropped.
+
+Limits and faults:
+- `submit` refuses a request (returns False) while ``max_batch + max_waiting`` requests are already in the server,
+  so a flood is answered at once (429 with a retry hint) instead of waiting without bound.
+- A step that raises cannot say which row made it fail, so its lane is dropped and each of its rows starts again
+  alone, in a one-slot lane of its own (greedy rows decode the same tokens again; a stream's text already sent is
+  not sent twice). A row that fails alone is answered with an error; the other rows, and every other lane, go on.
+  A failure in one row's own bookkeeping (its text, its result) fails that row only.
 """
 
+import math
 import threading
 import time
 import uuid
@@ -66,6 +75,7 @@ class Submission:
     lane: object = None
     slot: int | None = None
     text: TextStream | None = None
+    alone: bool = False  # decode in a one-slot lane of its own (its lane's step raised: find the failing row)
 
     @property
     def watches_prefix(self) -> bool:
@@ -77,8 +87,8 @@ class Submission:
 class Lane:
     """One decode engine and the submissions in its slots."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, engine, key):
+        self.engine, self.key = engine, key
         self.rows = {}  # slot -> Submission
 
 
@@ -92,14 +102,19 @@ class Scheduler:
         controller, l2p: TraceLock's controller folder and Learn2PD's filters, for those policies.
         compile (bool | str): `DecodeEngine`'s ``compile``: False, True (torch.compile) or "cudagraphs".
         max_engines (int): lanes kept at most (idle ones are dropped first). Default: 8.
+        max_waiting (int): requests that may wait for a slot beyond the ``max_batch`` decoding; more are refused
+            by `submit`. Default: 256.
     """
 
     def __init__(self, model, tokenizer, *, max_batch, metrics, controller=None, l2p=None, compile=False,
-                 max_engines=8):
+                 max_engines=8, max_waiting=256):
         self.model, self.tokenizer, self.max_batch, self.metrics = model, tokenizer, max_batch, metrics
         self.controller, self.l2p, self.compile, self.max_engines = controller, l2p, compile, max_engines
+        self.max_waiting = max_waiting
         self._cv = threading.Condition()
         self._inbox, self._cancels, self._stopping = [], [], False
+        self._in_server = 0  # accepted requests not yet answered or dropped (under _cv)
+        self._departures = deque(maxlen=32)  # time.monotonic() of the last requests to leave, for the retry hint
         self._waiting = deque()
         self._lanes = OrderedDict()  # (setting, prompt bucket) -> Lane, least recently used first
         self._thread = None
@@ -122,11 +137,36 @@ class Scheduler:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def submit(self, sub: Submission) -> None:
+    def submit(self, sub: Submission) -> bool:
+        """Queue a request; False (and nothing queued) when ``max_batch + max_waiting`` requests are already in."""
         sub.text = TextStream(self.tokenizer, sub.max_tokens, sub.stops)
         with self._cv:
+            if self._in_server >= self.max_batch + self.max_waiting:
+                return False
+            self._in_server += 1
             self._inbox.append(sub)
             self._cv.notify()
+        return True
+
+    def retry_after(self) -> int:
+        """Seconds a refused client should wait: about when the next request leaves the server and frees a place
+        (the mean gap between the last departures), at least 1 and at most 60."""
+        with self._cv:
+            times = list(self._departures)
+        if len(times) < 2:
+            return 1
+        gap = (max(times[-1], time.monotonic()) - times[0]) / (len(times) - 1)
+        return min(60, max(1, math.ceil(gap)))
+
+    def _left(self) -> None:
+        """A request is out of the server (answered, failed or dropped): count it out once."""
+        with self._cv:
+            self._in_server -= 1
+            self._departures.append(time.monotonic())
+
+    def _fail(self, sub: Submission, error: APIError) -> None:
+        self._left()
+        sub.emit(("error", error))
 
     def cancel(self, sub: Submission) -> None:
         """Drop a request (its client went away): it leaves its slot, or the queue, before the next step."""
@@ -143,7 +183,8 @@ class Scheduler:
         try:
             while True:
                 with self._cv:
-                    while not (self._stopping or self._inbox or self._cancels or self._running()):
+                    # waiting rows with none running: rows a failed step sent back (see _isolate)
+                    while not (self._stopping or self._inbox or self._cancels or self._running() or self._waiting):
                         self._cv.wait()
                     if self._stopping:
                         break
@@ -156,6 +197,8 @@ class Scheduler:
                 for lane in list(self._lanes.values()):
                     if lane.rows:
                         self._step(lane)
+                    if len(lane.key) == 3 and not lane.rows and lane.key in self._lanes:  # a row's own lane: done
+                        del self._lanes[lane.key]
                 self.metrics.set_batch(self._running(), len(self._waiting), len(self._lanes))
         except BaseException as err:  # the thread is gone: say so to every request and to /health
             self.error = err
@@ -171,7 +214,7 @@ class Scheduler:
 
         setting = sub.setting
         bucket = lane_bucket(len(sub.prompt), setting.gen_length, self.model.spec.max_positions)
-        key = (setting, bucket)
+        key = (setting, bucket, sub.id) if sub.alone else (setting, bucket)
         if key in self._lanes:
             self._lanes.move_to_end(key)
             return self._lanes[key]
@@ -184,10 +227,11 @@ class Scheduler:
         # a policy object per engine: an engine sets it up for its own generation length
         policy = build_policy(PolicySpec(served.label, served.name, served.args), self.model,
                               controller=self.controller, l2p=self.l2p)
-        engine = DecodeEngine(self.model, policy=policy, gen_length=setting.gen_length, slots=self.max_batch,
-                              prompt_len=bucket, temperature=setting.temperature, seed=setting.seed,
-                              compile=self.compile, **served.decode)
-        self._lanes[key] = Lane(engine)
+        engine = DecodeEngine(self.model, policy=policy, gen_length=setting.gen_length,
+                              slots=1 if sub.alone else self.max_batch, prompt_len=bucket,
+                              temperature=setting.temperature, seed=setting.seed, compile=self.compile,
+                              **served.decode)
+        self._lanes[key] = Lane(engine, key)
         return self._lanes[key]
 
     def _admit(self) -> None:
@@ -199,7 +243,7 @@ class Scheduler:
             try:
                 lane = self._lane(sub) if running < self.max_batch else None
             except Exception as err:  # an engine or policy that cannot be built fails its request, not the thread
-                sub.emit(("error", APIError(500, f"cannot decode this request: {err}", type="server_error")))
+                self._fail(sub, APIError(500, f"cannot decode this request: {err}", type="server_error"))
                 continue
             if lane is None:
                 kept.append(sub)
@@ -209,7 +253,7 @@ class Scheduler:
             try:
                 sub.slot = lane.engine.admit(sub.prompt)
             except ValueError as err:  # the handler checks prompts first; this is the engine's word on the rest
-                sub.emit(("error", APIError(400, str(err), "prompt")))
+                self._fail(sub, APIError(400, str(err), "prompt"))
                 continue
             sub.lane = lane
             lane.rows[sub.slot] = sub
@@ -220,31 +264,51 @@ class Scheduler:
         if sub.lane is not None and sub.lane.rows.get(sub.slot) is sub:
             sub.lane.engine.release(sub.slot)
             del sub.lane.rows[sub.slot]
+            self._left()
         elif sub in self._waiting:
             self._waiting.remove(sub)
+            self._left()
 
     def _step(self, lane: Lane) -> None:
         engine = lane.engine
         start, cpu = time.perf_counter(), time.thread_time()
         try:
             engine.step()
-        except Exception as err:  # e.g. a policy that stopped committing: fail this lane's rows, keep serving
-            for slot, sub in list(lane.rows.items()):
-                engine.release(slot)
-                sub.emit(("error", APIError(500, f"decoding failed: {err}", type="server_error")))
-            lane.rows.clear()
+            finished = set(engine.finished_slots())  # one device read for every slot
+        except Exception as err:  # e.g. a policy that stopped committing, on one row or on all of them
+            self._isolate(lane, err)
             return
         self.metrics.observe_step(time.perf_counter() - start, len(lane.rows), time.thread_time() - cpu)
-        finished = set(engine.finished_slots())  # one device read for every slot
         for slot, sub in list(lane.rows.items()):
-            if slot in finished:
-                self._finish(lane, slot, sub)
-            elif sub.watches_prefix:
-                delta = sub.text.update(engine.prefix(slot))
-                if delta and sub.stream:
-                    sub.emit(("delta", delta))
-                if sub.text.answer is not None:  # a stop string, or past max_tokens: leave the batch now
+            try:
+                if slot in finished:
                     self._finish(lane, slot, sub)
+                elif sub.watches_prefix:
+                    delta = sub.text.update(engine.prefix(slot))
+                    if delta and sub.stream:
+                        sub.emit(("delta", delta))
+                    if sub.text.answer is not None:  # a stop string, or past max_tokens: leave the batch now
+                        self._finish(lane, slot, sub)
+            except Exception as err:  # this row's own text or result: it fails alone
+                if lane.rows.get(slot) is sub:
+                    engine.release(slot)
+                    del lane.rows[slot]
+                self._fail(sub, APIError(500, f"decoding failed: {err!r}", type="server_error"))
+
+    def _isolate(self, lane: Lane, err: Exception) -> None:
+        """A lane's step raised: drop the lane (its state may be half-updated); a row that was alone is answered
+        with the error, the others start again, each alone, ahead of the waiting requests."""
+        self.metrics.inc("step_failures_total")
+        del self._lanes[lane.key]
+        rows = [lane.rows[slot] for slot in sorted(lane.rows)]
+        lane.rows.clear()
+        for sub in reversed(rows):
+            sub.lane = sub.slot = None
+            if sub.alone or len(rows) == 1:
+                self._fail(sub, APIError(500, f"decoding failed: {err!r}", type="server_error"))
+            else:
+                sub.alone = True
+                self._waiting.appendleft(sub)
 
     def _finish(self, lane: Lane, slot: int, sub: Submission) -> None:
         from tracelock.text import answer_ids
@@ -261,4 +325,5 @@ class Scheduler:
         answer = sub.text.answer
         self.metrics.inc("prompt_tokens_total", len(sub.prompt))
         self.metrics.inc("generated_tokens_total", len(answer.token_ids))
+        self._left()
         sub.emit(("done", Result(answer, len(sub.prompt), sub.setting.gen_length, stats.steps[0])))

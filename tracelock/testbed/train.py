@@ -377,6 +377,9 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
     if not 0 <= cfg.ar_steps < cfg.steps:
         raise ValueError(f"ar_steps={cfg.ar_steps} must be at least 0 and below steps={cfg.steps}: pass "
                          "--ar-steps smaller than --steps (the masked objective needs steps of its own)")
+    if not 0 < cfg.vocab_size <= 1 << 17:  # the tokenizers library aborts the whole process on a huge one
+        raise ValueError(f"vocab_size={cfg.vocab_size}: the testbed's BPE vocabulary must be in [1, {1 << 17}]; pass "
+                         "a smaller --vocab-size")
     device = _training_device(cfg.device)
     with folder_lock(cfg.out):
         out = _train(cfg, device, resume, progress, stop_after)
