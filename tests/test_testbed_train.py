@@ -418,3 +418,16 @@ def test_ship_copies_a_finished_run_with_its_provenance(tmp_path):
     bundled = subprocess.run(cmd[:5] + cmd[7:], capture_output=True, text=True, timeout=120)
     assert bundled.returncode == 2 and "--dest" in bundled.stderr and "required" in bundled.stderr
     assert tracelock.load_model(dest).spec.num_layers == 4
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("tokenizer_corpus", 0, "tokenizer_corpus=0: the tokenizer trains on 1 to 1000000 task texts"),
+    ("tokenizer_corpus", 10**20, "pass --tokenizer-corpus in that range"),
+    ("vocab_size", 1 << 20, "a smaller --vocab-size"),
+])
+def test_sizes_that_would_hang_or_abort_the_process_are_refused_first(tmp_path, field, value, match):
+    """A huge tokenizer corpus ran in library code past any time limit, a huge vocabulary aborted the process:
+    both are refused before the run folder exists."""
+    with pytest.raises(ValueError, match=match):
+        train(TrainConfig(out=str(tmp_path / "run"), **{field: value}), progress=False)
+    assert not (tmp_path / "run").exists()

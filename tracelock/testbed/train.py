@@ -45,6 +45,11 @@ from tracelock.testbed.tasks import held_out, sample
 from tracelock.testbed.train_config import TrainConfig
 from tracelock.text import encode_prompt
 
+# the most task texts the tokenizer may train on: a huge --tokenizer-corpus ran in library code for as long as it
+# took, past any time limit (found by fuzzing the CLI)
+MAX_TOKENIZER_CORPUS = 1_000_000
+
+
 
 def _weights_config(config: dict) -> dict:
     """The settings that determine the weights (JSON-normalised), for the resume check.
@@ -380,6 +385,10 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
     if not 0 < cfg.vocab_size <= 1 << 17:  # the tokenizers library aborts the whole process on a huge one
         raise ValueError(f"vocab_size={cfg.vocab_size}: the testbed's BPE vocabulary must be in [1, {1 << 17}]; pass "
                          "a smaller --vocab-size")
+    if not 0 < cfg.tokenizer_corpus <= MAX_TOKENIZER_CORPUS:  # its texts are generated and trained on in one call
+        raise ValueError(f"tokenizer_corpus={cfg.tokenizer_corpus}: the tokenizer trains on 1 to "
+                         f"{MAX_TOKENIZER_CORPUS} task texts; pass --tokenizer-corpus in that range (the recipe's: "
+                         "20000)")
     device = _training_device(cfg.device)
     with folder_lock(cfg.out):
         out = _train(cfg, device, resume, progress, stop_after)
@@ -446,4 +455,3 @@ def _train(cfg: TrainConfig, device: torch.device, resume: bool, progress: bool,
                 return out
     export_weights(out, model.cpu())
     return out
-
