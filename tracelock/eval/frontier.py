@@ -348,7 +348,8 @@ def steps_cell(d: dict, curve: str, seconds_digits: int | None = None) -> str:
         return "-"
     if steps is None:
         return "not reached"
-    at_most = d["reached_at_cheapest_point"][curve] and curve != d["reference"]["policy"].split(":")[0]
+    is_reference = any(p["label"] == d["reference"]["policy"] for p in d["curves"][curve])
+    at_most = d["reached_at_cheapest_point"][curve] and not is_reference
     seconds = "" if seconds_digits is None else f" ({d['seconds_per_item_at_reference'][curve]:.{seconds_digits}f} s)"
     return ("≤" if at_most else "") + f"{steps:.1f}" + seconds
 

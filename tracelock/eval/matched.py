@@ -165,7 +165,7 @@ def format_matched(result: dict) -> str:
     steps to the heuristics' best accuracy minus the tolerance, each with its 90% paired bootstrap interval."""
     lines = ["accuracy gap at matched steps against the strongest heuristic (points, 90% paired bootstrap interval); "
              "steps to the heuristics' best accuracy minus "
-             f"{100 * result['tolerance']:g} point (the heuristics' own in brackets after)",
+             f"{100 * result['tolerance']:g} point, the policy's and (last column) the heuristics' own",
              "", "| task | setting | curve | gap at matched steps | P(gap > 0) | target | steps to target | "
                  "heuristics |", "|---|---|---|---|---|---|---|---|"]
     for task, settings in result["tasks"].items():
