@@ -18,6 +18,7 @@ from tracelock.cli_common import (
     add_runtime_options,
     apply_runtime_options,
     positive_int,
+    thread_count,
 )
 
 # subcommands defined beside their code: each module has `add_parsers(sub)` (keep its heavy imports inside
@@ -174,7 +175,7 @@ def _add_testbed_train(sub):
                    help="start from this finished run's (or checkpoint folder's) tokenizer and weights, of the same "
                         "family and sizes: a second stage of training (default: none, a fresh tokenizer and "
                         "random weights)")
-    p.add_argument("--threads", type=int, default=machine["threads"],
+    p.add_argument("--threads", type=thread_count, default=machine["threads"],
                    help="torch CPU threads (default 0: $OMP_NUM_THREADS if set, else the physical cores); a run "
                         "reproduces its weights on the device and thread count it ran on")
     p.add_argument("--compile", action="store_true", default=None,
