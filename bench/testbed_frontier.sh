@@ -5,11 +5,13 @@
 #
 #   MODEL=testbed WORK=runs/recipe-llada CONTROLLER=runs/recipe-llada/ctrl-small-2k-conf \
 #     ST=runs/recipe-llada/st/controller bash bench/testbed_frontier.sh
+#   MODEL=testbed WORK=runs/verdict-llada ST=tracelock/testbed/controller-llada SEED=2026 \
+#     bash bench/testbed_frontier.sh      # the shipped controller only (the verdict's TraceLock-ST)
 #
-# Environment: MODEL, WORK (the study folder: l2p/ is read and completed there), CONTROLLER and ST (TraceLock and
-# TraceLock-ST run folders), OUT ($WORK/frontier-test), LIMIT (500 items per task, a random draw with SEED, 0),
+# Environment: MODEL, WORK (the study folder: l2p/ is read and completed there), CONTROLLER (optional) and ST
+# (TraceLock and TraceLock-ST run folders), OUT ($WORK/frontier-test), LIMIT (500 items per task, a random draw with SEED, 0),
 # SETTINGS (64/16,64/32,128/32,128/64), PER_STEP, TAUS, L2P_THRESHOLDS, THETAS (the grids), N_TRAIN (200: Learn2PD's
-# training items), JOBS (2: math and code decoded side by side, one torch thread each; 1: one after the other).
+# training items), BATCH (50 rows per decode call), JOBS (2: math and code decoded side by side, one torch thread each; 1: one after the other).
 # The family's one-per-step rule (LLaDA: confidence; Dream: neg-entropy, one token per step) is swept along
 # per_step; on a Dream model Fast-dLLM's Dream variant (the block's first token from the refresh) runs beside its
 # LLaDA form. Each run writes records.json (per item) beside frontier.json; `python -m tracelock.eval.matched OUT`
@@ -17,7 +19,7 @@
 set -euo pipefail
 MODEL=${MODEL:-testbed}
 WORK=${WORK:?set WORK to the recipe study folder}
-CONTROLLER=${CONTROLLER:?set CONTROLLER to the chosen TraceLock run folder}
+CONTROLLER=${CONTROLLER:-}
 ST=${ST:?set ST to the TraceLock-ST controller folder}
 OUT=${OUT:-$WORK/frontier-test}
 LIMIT=${LIMIT:-500}
@@ -28,12 +30,17 @@ TAUS=${TAUS:-0.5,0.55,0.6,0.65,0.7,0.75,0.8,0.85,0.9,0.95}
 L2P_THRESHOLDS=${L2P_THRESHOLDS:-0.8,0.9,0.96}
 THETAS=${THETAS:-0.3,0.5,0.7,0.8,0.9,0.95,0.99}
 N_TRAIN=${N_TRAIN:-200}
+BATCH=${BATCH:-50}
 JOBS=${JOBS:-2}
 export OMP_NUM_THREADS=1
-CONTROLLER=$(realpath "$CONTROLLER"); ST=$(realpath "$ST"); OUT=$(realpath -m "$OUT")
+ST=$(realpath "$ST"); OUT=$(realpath -m "$OUT")
 FAMILY=$(python -c "import sys; from tracelock.eval.frontier import _family; print(_family(sys.argv[1]))" "$MODEL")
 RULE=confidence
 PEERS=()
+PLAIN=()   # the TraceLock curve beside TraceLock-ST, when a CONTROLLER is given
+if [ -n "$CONTROLLER" ]; then
+  PLAIN=(--sweep "tracelock:theta=$THETAS:controller=$(realpath "$CONTROLLER"):curve=TraceLock")
+fi
 if [ "$FAMILY" = dream ]; then
   RULE=confidence:score=neg_entropy
   PEERS=(--sweep "threshold:tau=$TAUS:first_token=true:curve=Fast-dLLM (Dream)")
@@ -53,10 +60,10 @@ done
 
 frontier() {  # tasks
   tracelock frontier --model "$MODEL" --tasks "$1" --split test --limit "$LIMIT" --seed "$SEED" \
-    --settings "$SETTINGS" --l2p "$PWD/l2p" --batch-size 50 --workers 1 --threads 1 --out "$OUT" \
+    --settings "$SETTINGS" --l2p "$PWD/l2p" --batch-size "$BATCH" --workers 1 --threads 1 --out "$OUT" \
     --sweep "$RULE:per_step=$PER_STEP" --sweep "threshold:tau=$TAUS" "${PEERS[@]}" \
     --sweep "l2p:threshold=$L2P_THRESHOLDS" \
-    --sweep "tracelock:theta=$THETAS:controller=$CONTROLLER:curve=TraceLock" \
+    "${PLAIN[@]}" \
     --sweep "tracelock:theta=$THETAS:controller=$ST:curve=TraceLock-ST"
 }
 say "frontier (test) -> $OUT"
