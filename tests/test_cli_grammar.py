@@ -113,6 +113,19 @@ def test_limit_must_be_positive(capsys):
     assert "0 must be at least 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["testbed-eval"], ["generate", "--model", "testbed", "--prompt", "hi"],
+                                  ["testbed-probe"]])
+def test_an_output_file_that_is_a_folder_is_refused_before_the_work(argv, tmp_path, capsys):
+    """A folder as a file --out failed only when the results were written, with a bare [Errno 21]."""
+    with pytest.raises(SystemExit) as err:
+        build_parser().parse_args([*argv, "--out", str(tmp_path)])
+    assert err.value.code == 2
+    assert f"argument --out: {tmp_path} is a folder; pass a file path" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*argv, "--out", ""])
+    assert "argument --out: an empty path" in capsys.readouterr().err
+
+
 def test_task_lists():
     assert split_tasks("testbed:math,code") == ["testbed:math", "testbed:code"]
     assert split_tasks("math, testbed:code@validation") == ["testbed:math", "testbed:code@validation"]

@@ -424,10 +424,15 @@ def test_ship_copies_a_finished_run_with_its_provenance(tmp_path):
     ("tokenizer_corpus", 0, "tokenizer_corpus=0: the tokenizer trains on 1 to 1000000 task texts"),
     ("tokenizer_corpus", 10**20, "pass --tokenizer-corpus in that range"),
     ("vocab_size", 1 << 20, "a smaller --vocab-size"),
+    ("d_model", 10**8, "d_model=100000000, .* parameters; .* pass smaller --d-model"),
+    ("mlp", 10**9, "mlp=1000000000 make about .* pass smaller"),
+    ("n_layers", 0, "n_layers=0 must be a positive integer; pass --n-layers >= 1"),
+    ("n_heads", 3, "d_model=256 is not divisible by n_heads=3"),
+    ("batch_size", 10**9, "pass --batch-size at most 65536"),
 ])
 def test_sizes_that_would_hang_or_abort_the_process_are_refused_first(tmp_path, field, value, match):
-    """A huge tokenizer corpus ran in library code past any time limit, a huge vocabulary aborted the process:
-    both are refused before the run folder exists."""
+    """A huge tokenizer corpus ran in library code past any time limit, a huge vocabulary aborted the process, a huge
+    model reached torch's allocator as a raw RuntimeError: all are refused before the run folder exists."""
     with pytest.raises(ValueError, match=match):
         train(TrainConfig(out=str(tmp_path / "run"), **{field: value}), progress=False)
     assert not (tmp_path / "run").exists()

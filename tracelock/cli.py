@@ -17,6 +17,7 @@ from tracelock.cli_common import (
     add_model_dtype,
     add_runtime_options,
     apply_runtime_options,
+    output_file,
     positive_int,
     thread_count,
 )
@@ -118,7 +119,8 @@ def _add_testbed_eval(sub):
     p.add_argument("--device", default="cpu", help="where the model decodes: cpu or cuda[:i]")
     p.add_argument("--workers", type=positive_int, default=2, help="sandbox processes that run the code answers' "
                                                                    "tests")
-    p.add_argument("--out", required=True, help="JSON results file (settings already in it are skipped)")
+    p.add_argument("--out", required=True, type=output_file,
+                   help="JSON results file (settings already in it are skipped)")
     p.set_defaults(func=_testbed_eval)
 
 
@@ -243,7 +245,7 @@ def _add_generate(sub):
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--impl", choices=["torch", "cpp", "triton", "cuda"],
                    help="op implementation (default: $TRACELOCK_IMPL, else the fastest available)")
-    p.add_argument("--out", help="JSONL output file (default: stdout)")
+    p.add_argument("--out", type=output_file, help="JSONL output file (default: stdout)")
     p.set_defaults(func=_generate)
 
 

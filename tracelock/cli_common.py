@@ -88,6 +88,17 @@ def thread_count(text: str) -> int:
     return value
 
 
+def output_file(text: str) -> str:
+    """argparse type of an ``--out`` that names a file (a JSON or JSONL result): not empty, not an existing folder
+    (writing it failed late, after the work, with a bare ``[Errno 21] Is a directory``)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path; pass a file path such as results.json")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a folder; pass a file path (e.g. "
+                                         f"{os.path.join(text, 'results.json')})")
+    return text
+
+
 def add_limit(parser, *, help: str, default=None, old: tuple = ()) -> None:
     """The item count, ``--limit N``; ``old`` spellings (``--n``, ``--num``) stay as deprecated aliases."""
     parser.add_argument("--limit", type=positive_int, default=default, metavar="N", help=help)

@@ -153,12 +153,12 @@ def _run(args):
 
 
 def add_parsers(sub):
-    from tracelock.cli_common import add_limit
+    from tracelock.cli_common import add_limit, output_file
 
     p = sub.add_parser("testbed-probe", help="per-token-class accuracy of a testbed model with one answer token "
                                              "masked (which skills it lacks); JSON on stdout")
     p.add_argument("--model", default="testbed", help="checkpoint folder (default: the bundled testbed model)")
     add_limit(p, default=60, help="held-out math items", old=("--n",))
     p.add_argument("--split", choices=["validation", "test"], default="test", help="split of the items")
-    p.add_argument("--out", help="also write the JSON here (default: stdout only)")
+    p.add_argument("--out", type=output_file, help="also write the JSON here (default: stdout only)")
     p.set_defaults(func=_run)

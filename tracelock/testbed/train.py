@@ -48,6 +48,17 @@ from tracelock.text import encode_prompt
 # the most task texts the tokenizer may train on: a huge --tokenizer-corpus ran in library code for as long as it
 # took, past any time limit (found by fuzzing the CLI)
 MAX_TOKENIZER_CORPUS = 1_000_000
+# the testbed trainer builds small models: fp32 weights with AdamW's two moments and the gradient are 16 bytes per
+# parameter, so 500M is already 8 GB; a larger --d-model / --mlp reached torch's allocator as a raw RuntimeError
+MAX_TESTBED_PARAMETERS = 500_000_000
+MAX_BATCH_SIZE = 65536
+
+
+def testbed_parameters(cfg) -> int:
+    """About how many parameters a fresh testbed model of ``cfg``'s sizes has (embedding and head at the largest
+    vocabulary the BPE may learn, positions, attention and the gated MLP per layer)."""
+    d, vocab = cfg.d_model, cfg.vocab_size + 64
+    return 2 * vocab * d + cfg.max_positions * d + cfg.n_layers * (4 * d * d + 3 * d * cfg.mlp)
 
 
 
@@ -389,6 +400,22 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
         raise ValueError(f"tokenizer_corpus={cfg.tokenizer_corpus}: the tokenizer trains on 1 to "
                          f"{MAX_TOKENIZER_CORPUS} task texts; pass --tokenizer-corpus in that range (the recipe's: "
                          "20000)")
+    sizes = dict(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, mlp=cfg.mlp,
+                 max_positions=cfg.max_positions, batch_size=cfg.batch_size)
+    for name, value in sizes.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer; pass --{name.replace('_', '-')} >= 1")
+    if cfg.batch_size > MAX_BATCH_SIZE:
+        raise ValueError(f"batch_size={cfg.batch_size}: pass --batch-size at most {MAX_BATCH_SIZE} (the recipe's: "
+                         "128)")
+    if cfg.init is None and testbed_parameters(cfg) > MAX_TESTBED_PARAMETERS:
+        raise ValueError(f"d_model={cfg.d_model}, n_layers={cfg.n_layers}, mlp={cfg.mlp} make about "
+                         f"{testbed_parameters(cfg):,} parameters; the testbed trainer builds models of at most "
+                         f"{MAX_TESTBED_PARAMETERS:,}: pass smaller --d-model / --n-layers / --mlp (the recipe's: "
+                         "128, 4, 512)")
+    if cfg.init is None and cfg.d_model % cfg.n_heads:
+        raise ValueError(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}: pass --d-model a multiple "
+                         "of --n-heads (the recipe's: 128 and 2)")
     device = _training_device(cfg.device)
     with folder_lock(cfg.out):
         out = _train(cfg, device, resume, progress, stop_after)
