@@ -33,6 +33,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from tracelock.serve.config import DecodeSetting, ServedPolicy
+from tracelock.serve.memory import release_free_memory
 from tracelock.serve.protocol import APIError
 from tracelock.serve.stream import Answer, TextStream
 
@@ -184,6 +185,8 @@ class Scheduler:
             while True:
                 with self._cv:
                     # waiting rows with none running: rows a failed step sent back (see _isolate)
+                    if not (self._stopping or self._inbox or self._cancels or self._running() or self._waiting):
+                        release_free_memory()  # going idle: return the freed heap pages
                     while not (self._stopping or self._inbox or self._cancels or self._running() or self._waiting):
                         self._cv.wait()
                     if self._stopping:
