@@ -225,3 +225,36 @@ def test_full_decode_fused_equals_reference(model, encoder, schedule, monkeypatc
     assert stats.steps == ref_stats.steps and stats.commits_per_step == ref_stats.commits_per_step
     assert not (tokens == model.spec.mask_id).any()
     assert all(1 <= n for row in stats.commits_per_step for n in row)
+
+
+def test_hold_end_keeps_the_padding_until_the_text_left_of_it_is_proposed(model, encoder):
+    """hold_end: an end-token proposal commits only when no active slot left of it proposes text; the leftmost
+    active slot is never held, so the fallback always has a slot."""
+    inp = _step(model)
+    eos = torch.tensor([[0.0, 0.9, 0.9, 0.0, 0.0, 0.9],   # row 0: active slots 1, 2, 4, 5
+                        [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+                        [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    inp.signals.eos_prob, inp.signals.confidence = eos, torch.where(eos > 0, eos, torch.full_like(eos, 0.5))
+    inp.active[1] = torch.tensor([True, False, True, True, False, True])
+    inp.signals.eos_prob[1] = torch.tensor([0.0, 0.0, 0.0, 0.9, 0.0, 0.9])  # text at 0 and 2, ends at 3 and 5
+    inp.signals.confidence[1] = torch.where(inp.signals.eos_prob[1] > 0, 0.9, 0.5)
+    everyone = _constant(_controller(model, encoder), a=10.0)
+    held = TraceLockPolicy(everyone, encoder, hold_end=True)
+    # row 0: ends at 1 and 2 lead (no text left of them), slot 4 is text, so the end at 5 waits
+    # row 1: text at 0 and 2 lies left of both ends: both wait
+    assert _slots(held.select(inp)) == [[1, 2, 4], [0, 2], []]
+    assert _slots(TraceLockPolicy(everyone, encoder).select(inp)) == _slots(inp.active)
+    nobody = TraceLockPolicy(_constant(_controller(model, encoder), a=-10.0), encoder, hold_end=True)
+    assert _slots(nobody.select(inp)) == [[1], [0], []]
+    with pytest.raises(ValueError, match="hold_end='yes' must be true or false"):
+        TraceLockPolicy(everyone, encoder, hold_end="yes")
+
+
+@pytest.mark.parametrize("schedule", [{"window": 8}, {"block": 8}], ids=["window8", "block8"])
+def test_hold_end_fused_equals_reference(model, encoder, schedule):
+    policy = TraceLockPolicy(_controller(model, encoder, confidence_input=True), encoder, theta=0.6, hold_end=True)
+    prompts = [[5, 9, 13, 2, 7], [11, 4, 8]]
+    ref_tokens, ref_stats = tracelock.reference_generate(model, prompts, policy=policy, gen_length=16, **schedule)
+    tokens, stats = tracelock.fused_generate(model, prompts, policy=policy, gen_length=16, **schedule)
+    assert torch.equal(tokens, ref_tokens) and stats.steps == ref_stats.steps
+    assert stats.commits_per_step == ref_stats.commits_per_step

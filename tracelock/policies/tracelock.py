@@ -66,6 +66,17 @@ def _load(controller, encoder, model):
     return controller.eval(), encoder
 
 
+HELD = -1e4  # the score of a held slot: its margin is below any real one, so neither the rule nor the fallback picks it
+
+
+def held_ends(inp: StepInput) -> torch.Tensor:
+    """[B, R] active slots that propose the end token (its probability is the largest) while an active slot left
+    of them proposes text: what ``hold_end`` keeps masked. Slots are in position order."""
+    ends = inp.active & (inp.signals.eos_prob >= inp.signals.confidence) & (inp.signals.eos_prob > 0)
+    text = inp.active & ~ends
+    return ends & (text.cumsum(dim=1) > 0)
+
+
 class TraceLockPolicy(Policy):
     """Commit the active slots the controller deems stable.
 
@@ -85,6 +96,11 @@ class TraceLockPolicy(Policy):
             "w/o dynamic threshold" ablation). Default: None.
         reference_release (bool): the reference release's rule: ``sigmoid(m) >= 0.99``, cap 4, and a controller
             trained with the confidence input (its window, 128, is `fused_generate`'s ``window``). Default: False.
+        hold_end (bool): commit an end-of-text proposal only once no still-masked position left of it proposes
+            text: the padding after the answer waits for the answer. In a window wider than the controller was
+            trained on it committed the padding early and cut the answers short (docs/frontier.md, "The confident
+            errors"). The fallback's one commit per step is kept (the leftmost masked slot is never held).
+            Default: False.
         model (DiffusionBackbone, optional): when given, the controller's and encoder's backbone fingerprints are
             checked now; otherwise the tap width is checked at the first step.
     """
@@ -95,7 +111,8 @@ class TraceLockPolicy(Policy):
     learned = True
 
     def __init__(self, controller, encoder=None, theta: float | None = None, cap: int | None = None,
-                 static_tau: float | None = None, reference_release: bool = False, model=None) -> None:
+                 static_tau: float | None = None, reference_release: bool = False, hold_end: bool = False,
+                 model=None) -> None:
         super().__init__()
         if reference_release and (theta not in (None, 0.99) or cap not in (None, 4)):
             raise ValueError(f"reference_release=True fixes theta=0.99 and cap=4; drop theta={theta!r} / "
@@ -106,6 +123,8 @@ class TraceLockPolicy(Policy):
             raise ValueError(f"theta={theta!r} must lie in (0, 1); the paper uses 0.95")
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise ValueError(f"cap={cap!r} must be a positive int (commits per step) or None for no cap")
+        if not isinstance(hold_end, bool):
+            raise ValueError(f"hold_end={hold_end!r} must be true or false")
         if static_tau is not None and not isinstance(static_tau, int | float):
             raise ValueError(f"static_tau={static_tau!r} must be a float threshold logit or None (learned tau)")
         self._controller, self._encoder = _load(controller, encoder, model)
@@ -114,6 +133,7 @@ class TraceLockPolicy(Policy):
                              "(`tracelock train --confidence-input`)")
         self.theta, self.cap, self.inclusive = float(theta), cap, bool(reference_release)
         self.static_tau = None if static_tau is None else float(static_tau)
+        self.hold_end = hold_end
         self._margin_threshold = commit_margin_threshold(self.theta)
         self._device, self._fold = None, None
         # set by a `tracelock.eval.diagnostics.ControllerStepRecorder` while it records: the policy then keeps the
@@ -192,6 +212,8 @@ class TraceLockPolicy(Policy):
         if self.static_tau is not None:
             tau = torch.full_like(tau, self.static_tau)
         a = a.gather(1, inp.positions)
+        if self.hold_end:
+            a = a.masked_fill(held_ends(inp), HELD)
         if self.record_scores:
             self.last_scores = (a, tau)
         return a, tau
