@@ -1,6 +1,7 @@
-"""The server's malloc tuning (tracelock.serve.memory): on glibc the mmap threshold is pinned unless the user set
-it, and trimming gives freed heap pages back to the system (measured in a fresh process, so other tests' heaps do
-not blur the figure). Its effect on a long mixed load is bench/soak.py's to show (docs/serving.md)."""
+"""The server's malloc tuning (tracelock.serve.memory): on glibc the mmap threshold is pinned and the arenas capped
+unless the user set them, and trimming gives freed heap pages back to the system (measured in a fresh process, so
+other tests' heaps do not blur the figure). Its effect on a long mixed load is bench/soak.py's to show
+(docs/serving.md)."""
 
 import os
 import subprocess
@@ -27,11 +28,12 @@ print(before, rss())
 """
 
 
-def test_the_mmap_threshold_is_pinned_unless_the_user_set_it(monkeypatch):
+def test_malloc_is_tuned_unless_the_user_set_it(monkeypatch):
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    assert memory.pin_mmap_threshold() is True
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    assert memory.tune_malloc() == ["MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX"]
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
-    assert memory.pin_mmap_threshold() is False
+    assert memory.tune_malloc() == ["MALLOC_ARENA_MAX"]
 
 
 def test_trimming_gives_freed_heap_pages_back():

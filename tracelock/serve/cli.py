@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 from tracelock.cli_common import thread_count
-from tracelock.serve.memory import pin_mmap_threshold
+from tracelock.serve.memory import tune_malloc
 
 DTYPES = ("float32", "bfloat16", "float16")
 # the key clients must send when --api-key is not given (keeps it off the command line, where `ps` shows it)
@@ -141,7 +141,7 @@ def run_serve(args) -> int:
         raise ValueError(f"tracelock serve needs the serve extra ({err.name} is missing): "
                          "pip install tracelock[serve]") from None
     sock = _listening_socket(args.host, args.port)
-    pin_mmap_threshold()  # before the model's buffers are allocated: see tracelock.serve.memory
+    tune_malloc()  # before the model's buffers are allocated and the threads start: see tracelock.serve.memory
     state = build_state(args)
     state.scheduler.start()
     host, port = sock.getsockname()[:2]
