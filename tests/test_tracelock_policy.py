@@ -258,3 +258,32 @@ def test_hold_end_fused_equals_reference(model, encoder, schedule):
     tokens, stats = tracelock.fused_generate(model, prompts, policy=policy, gen_length=16, **schedule)
     assert torch.equal(tokens, ref_tokens) and stats.steps == ref_stats.steps
     assert stats.commits_per_step == ref_stats.commits_per_step
+
+
+def test_confidence_fallback_commits_the_most_confident_slot(model, encoder):
+    inp = _step(model)
+    inp.signals.confidence = torch.tensor([[0.9, 0.3, 0.95, 0.2, 0.7, 0.8],
+                                           [0.1, 0.8, 0.9, 0.05, 0.6, 0.2],
+                                           [0.9, 0.9, 0.9, 0.9, 0.9, 0.9]])
+    inp.signals.eos_prob = torch.zeros(3, 6)
+    nobody = _constant(_controller(model, encoder), a=-10.0)
+    policy = TraceLockPolicy(nobody, encoder, fallback="confidence")
+    assert policy.commit_rule(inp) is None  # decided in select, not by the fused commit op
+    most = [[max(s, key=lambda j: inp.signals.confidence[r, j].item())] if s else [] for r, s in
+            enumerate(_slots(inp.active))]
+    assert _slots(policy.select(inp)) == most
+    # hold_end still holds: the most confident slot of row 0 (slot 2) proposes the end token after text at slot 1
+    inp.signals.eos_prob[0, 2] = 0.95
+    held = TraceLockPolicy(nobody, encoder, fallback="confidence", hold_end=True)
+    assert _slots(held.select(inp))[0] == [5]
+    with pytest.raises(ValueError, match="fallback='best' must be one of score, confidence"):
+        TraceLockPolicy(nobody, encoder, fallback="best")
+
+
+def test_confidence_fallback_fused_equals_reference(model, encoder):
+    policy = TraceLockPolicy(_controller(model, encoder, confidence_input=True), encoder, theta=0.9,
+                             fallback="confidence", hold_end=True)
+    prompts = [[5, 9, 13, 2, 7], [11, 4, 8]]
+    ref_tokens, ref_stats = tracelock.reference_generate(model, prompts, policy=policy, gen_length=16, window=8)
+    tokens, stats = tracelock.fused_generate(model, prompts, policy=policy, gen_length=16, window=8)
+    assert torch.equal(tokens, ref_tokens) and stats.commits_per_step == ref_stats.commits_per_step

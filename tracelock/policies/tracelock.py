@@ -66,6 +66,7 @@ def _load(controller, encoder, model):
     return controller.eval(), encoder
 
 
+FALLBACKS = ("score", "confidence")
 HELD = -1e4  # the score of a held slot: its margin is below any real one, so neither the rule nor the fallback picks it
 
 
@@ -101,6 +102,11 @@ class TraceLockPolicy(Policy):
             trained on it committed the padding early and cut the answers short (docs/frontier.md, "The confident
             errors"). The fallback's one commit per step is kept (the leftmost masked slot is never held).
             Default: False.
+        fallback (str): what a step commits when no slot clears theta: "score", the slot with the controller's
+            largest margin (the paper's rule), or "confidence", the backbone's most confident slot (the family's
+            one-per-step rule, so a high theta tends to it). The controller's best slot was twice as often the
+            first wrong commit as any commit (docs/frontier.md). "confidence" decides in `select` (the fused
+            loop's commit op implements the paper's rule only). Default: "score".
         model (DiffusionBackbone, optional): when given, the controller's and encoder's backbone fingerprints are
             checked now; otherwise the tap width is checked at the first step.
     """
@@ -112,7 +118,7 @@ class TraceLockPolicy(Policy):
 
     def __init__(self, controller, encoder=None, theta: float | None = None, cap: int | None = None,
                  static_tau: float | None = None, reference_release: bool = False, hold_end: bool = False,
-                 model=None) -> None:
+                 fallback: str = "score", model=None) -> None:
         super().__init__()
         if reference_release and (theta not in (None, 0.99) or cap not in (None, 4)):
             raise ValueError(f"reference_release=True fixes theta=0.99 and cap=4; drop theta={theta!r} / "
@@ -125,6 +131,8 @@ class TraceLockPolicy(Policy):
             raise ValueError(f"cap={cap!r} must be a positive int (commits per step) or None for no cap")
         if not isinstance(hold_end, bool):
             raise ValueError(f"hold_end={hold_end!r} must be true or false")
+        if fallback not in FALLBACKS:
+            raise ValueError(f"fallback={fallback!r} must be one of {', '.join(FALLBACKS)}")
         if static_tau is not None and not isinstance(static_tau, int | float):
             raise ValueError(f"static_tau={static_tau!r} must be a float threshold logit or None (learned tau)")
         self._controller, self._encoder = _load(controller, encoder, model)
@@ -133,7 +141,7 @@ class TraceLockPolicy(Policy):
                              "(`tracelock train --confidence-input`)")
         self.theta, self.cap, self.inclusive = float(theta), cap, bool(reference_release)
         self.static_tau = None if static_tau is None else float(static_tau)
-        self.hold_end = hold_end
+        self.hold_end, self.fallback = hold_end, fallback
         self._margin_threshold = commit_margin_threshold(self.theta)
         self._device, self._fold = None, None
         # set by a `tracelock.eval.diagnostics.ControllerStepRecorder` while it records: the policy then keeps the
@@ -226,7 +234,7 @@ class TraceLockPolicy(Policy):
     def commit_rule(self, inp: StepInput):
         """The step as `ops.commit_step` inputs (the fused loop closes the step with it); None for the reference
         release's inclusive fp32 rule, which only `select` implements."""
-        if self.inclusive:
+        if self.inclusive or self.fallback != "score":
             return None
         a, tau = self.slot_scores(inp)
         return a, tau, self.theta, self.cap or 0
@@ -244,5 +252,8 @@ class TraceLockPolicy(Policy):
         if self.cap is not None:
             # order by the margin: sigmoid saturates to exactly 1.0 in fp32 for m > ~17, the margin does not
             passes = topk_mask(m, passes, ones * self.cap)
-        best = topk_mask(m, active, ones)
+        if self.fallback == "confidence":  # the most confident slot that hold_end does not hold
+            best = topk_mask(inp.signals.confidence, active & (m > HELD / 2), ones)
+        else:
+            best = topk_mask(m, active, ones)
         return passes | (best & ~passes.any(dim=1, keepdim=True))
