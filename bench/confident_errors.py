@@ -5,8 +5,10 @@ the first generated position where TraceLock's final tokens leave the reference'
 For it the script reports the token (TraceLock's and the reference's), its place in the generation and in the
 window at that step (0 = the window's first still-masked position), the step, how many tokens that step
 committed, the backbone's confidence, the controller's score ``a`` against the step's threshold, and whether
-the commit was the controller's own (``a`` above the threshold) or the fallback's (nothing cleared it: the most
-confident slot). The same figures over every TraceLock commit of the run are the baseline to compare with.
+the commit was the controller's own (its margin cleared theta) or the fallback's (nothing cleared it). The same
+figures over every TraceLock commit of the run are the baseline to compare with. Per pairing of outcomes it also
+reports the answers' lengths under both rules and when TraceLock committed its first end-of-text position: a
+rule that commits the padding early leaves the answer less room.
 
 The eval run must hold TraceLock's controller steps (`tracelock eval` writes them for a tracelock policy) and the
 reference's traces, e.g.::
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tracelock import states
 from tracelock.atomic import atomic_write_json
 from tracelock.eval.diagnostics import ControllerSteps, read_controller_steps
 from tracelock.eval.items import folder_items
@@ -68,6 +71,31 @@ def first_divergence(ours: np.ndarray, theirs: np.ndarray, end_ids) -> int | Non
     p = int(differ[0])
     ended = [np.flatnonzero(np.isin(row[:p], list(end_ids))) for row in (ours, theirs)]
     return None if all(len(e) for e in ended) else p
+
+
+def lengths_by_pair(ours_items, ref_items, ours_tr, ref_tr) -> dict:
+    """Per pairing of outcomes (both right, reference only, ...): the answers' lengths (generated positions before
+    the end-of-text padding) under both rules, how often TraceLock's is shorter, and the mean step at which TraceLock
+    committed its first end-of-text position against the step of its last text commit."""
+    groups = {}
+    for item, rec in ours_items.items():
+        if item not in ref_items:
+            continue
+        a, b = bool(rec["correct"]), bool(ref_items[item]["correct"])
+        group = "both right" if a and b else "both wrong" if not (a or b) else "TraceLock only" if a else \
+            "reference only"
+        t, r = ours_tr[item], ref_tr[item]
+        ends_t, ends_r = t.final_state == states.EOT, r.final_state == states.EOT
+        groups.setdefault(group, []).append((int((~ends_t).sum()), int((~ends_r).sum()),
+                                             int(t.commit_step[ends_t].min()) if ends_t.any() else -1,
+                                             int(t.commit_step[~ends_t].max()) if (~ends_t).any() else -1))
+    out = {}
+    for group, rows in groups.items():
+        v = np.array(rows, dtype=np.float64)
+        out[group] = dict(items=len(rows), length=float(v[:, 0].mean()), reference_length=float(v[:, 1].mean()),
+                          share_shorter=float((v[:, 0] < v[:, 1]).mean()), first_end_commit_step=float(v[:, 2].mean()),
+                          last_text_commit_step=float(v[:, 3].mean()))
+    return out
 
 
 def _quantiles(values) -> dict:
@@ -142,7 +170,8 @@ def analyse(run: Path, setting: str, policy: str, reference: str, theta: float, 
         key = c.get("text", str(c["token"]))
         tokens[key] = tokens.get(key, 0) + 1
     return dict(run=str(run), setting=setting, policy=policy, theta=theta, reference=reference, items=len(ours_items),
-                pairs=pairs, first_wrong=summarize(first, width), every_commit=summarize(every, width),
+                pairs=pairs, lengths=lengths_by_pair(ours_items, ref_items, ours_tr, ref_tr),
+                first_wrong=summarize(first, width), every_commit=summarize(every, width),
                 first_wrong_tokens=dict(sorted(tokens.items(), key=lambda kv: -kv[1])), first_wrong_commits=rows,
                 examples=[{k: c.get(k) for k in ("item", "position", "window_place", "step", "text",
                                                  "reference_text", "completion", "reference_completion")}
