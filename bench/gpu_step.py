@@ -1,0 +1,476 @@
+"""One decode step on one GPU: where its time goes, the two Triton kernels against their roofline, TraceLock's own
+step against the bare step, and a weight-only int8 step (bench/gpu_step_session.sh runs it).
+
+At a released model's shape (``--shape``, default LLaDA-8B) with random bf16 weights, B = 1, gen 256, blocks of 32,
+Fast-dLLM's threshold 0.9 with the dual cache (the setting of bench/gpu_decode.py), four stages, each guarded (an
+error is recorded in its place and the next stage runs) and each skipped, with the reason, when the time budget
+(``--budget`` seconds) has less left than it needs:
+
+1. ``profile``: torch.profiler around one refresh step and one cached step of the engine run uncompiled (every kernel
+   launched on its own, so each is seen; a CUDA-graph replay runs the same kernels without the launch gaps): per
+   kernel its time, calls, the bytes its launching op reads where they follow from the op's input shapes (matrix
+   products, attention, the Triton head), the achieved GB/s and share of the card's bandwidth, its share of the
+   step's kernel time; the same table as markdown in ``profile-<shape>.md``. Beside it the steps' medians with the
+   steps captured as CUDA graphs, so kernel time and step time can be compared;
+2. ``kernels``: ``window_logits_stats`` (R = B x 32 window rows against the whole LM head) and ``tap_project``
+   (T = B x 384 canvas rows, a controller fold of the shipped architecture) at B = 1, 8, 32: time per call, bytes and
+   FLOPs each must move, the roofline time (the larger of bytes / bandwidth and FLOPs / bf16 peak: which bound),
+   the share of it reached, the autotune config chosen; cuBLAS's ``hidden @ weight.T`` at the head's shape beside it;
+3. ``tracelock_step``: an untrained controller of the shipped architecture (hidden 4096 at LLaDA-8B) in the engine,
+   window 32 with the dual cache, against the confidence rule's bare step on the same engine setting (CUDA graphs);
+4. ``int8``: torchao's weight-only int8 on every linear layer but the LM head (only when ``import torchao`` works),
+   the cached step against the int8 weight-read floor; else the reason it was skipped.
+
+``--dry-run`` runs every stage on the CPU at the micro checkpoint's shape (no bandwidth, the torch specs in place of
+the Triton kernels, CPU ops in place of kernels in the profile): tests/test_gpu_step_script.py. The JSON
+(``gpu-step-<shape>.json``) is rewritten atomically after every stage, so a run cut off keeps what it measured.
+
+    python bench/gpu_step.py --out DIR [--shape llada-8b|dream-7b] [--budget SECONDS] [--dry-run]
+"""
+
+import argparse
+import json
+import platform
+import sys
+import time
+import traceback
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import gpu_decode  # noqa: E402  (bench/gpu_decode.py)
+
+from tracelock import ops  # noqa: E402
+from tracelock.atomic import atomic_write_text  # noqa: E402
+
+# (HBM bytes/s, dense bf16 FLOP/s) from NVIDIA's data sheets; the first name the device name contains wins
+CEILINGS = [("H100 PCIe", 2.0e12, 756e12), ("H100", 3.35e12, 989e12), ("H200", 4.8e12, 989e12)]
+# bytes per element of the dtype names torch.profiler records
+DTYPE_BYTES = {"c10::BFloat16": 2, "c10::Half": 2, "float": 4, "double": 8, "long int": 8, "int": 4, "bool": 1,
+               "unsigned char": 1, "signed char": 1, "short int": 2}
+# ops whose bytes are their tensor inputs': matrix products and attention (what a decode step reads is weights,
+# the KV cache and activations; outputs of these ops are small next to their inputs at decode shapes)
+READ_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product",
+            "aten::_flash_attention", "aten::_efficient_attention", "aten::_scaled_mm", "aten::_weight_int8pack_mm")
+TOP_ROWS = 25
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+class Budget:
+    """The seconds left of ``seconds`` from now."""
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def run_stage(result: dict, name: str, fn, save, budget: Budget, need: float) -> None:
+    """``result[name] = fn()``, or the error it raised, or why it was skipped (less than ``need`` seconds left);
+    then ``save()``. A failing stage (out of memory included) leaves the next ones their chance."""
+    if budget.left() < need:
+        result[name] = dict(skipped=f"time budget: {budget.left():.0f} s left, the stage needs about {need:.0f} s")
+    else:
+        start = time.perf_counter()
+        try:
+            out = fn()
+        except Exception as err:  # recorded in the JSON; the next stage runs
+            out = dict(error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()[-3000:])
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        result[name] = dict(out, stage_seconds=time.perf_counter() - start)
+    log(name, _brief(result[name]))
+    save()
+
+
+def _brief(out):
+    """``out`` without its tables, markdown and traceback (what the log shows; the JSON has everything)."""
+    if not isinstance(out, dict):
+        return out
+    return {k: _brief(v) for k, v in out.items() if k not in ("table", "markdown", "traceback")}
+
+
+def ceilings(device) -> tuple:
+    """(card, bytes/s, FLOP/s) of a known GPU, else (None, None, None)."""
+    if device.type != "cuda":
+        return None, None, None
+    name = torch.cuda.get_device_name(device)
+    return next(((n, bw, fl) for n, bw, fl in CEILINGS if n in name), (None, None, None))
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn, device, calls: int = 20, warmup: int = 3) -> float:
+    """Mean seconds per call of ``fn`` over ``calls`` back-to-back calls (CUDA events on a GPU) after ``warmup``."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / calls
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+# ---- 1. profile -------------------------------------------------------------------------------------------------
+
+def input_bytes(evt) -> int | None:
+    """Bytes of an op's tensor inputs from the profiler's recorded shapes and dtypes; None when not recorded."""
+    shapes, dtypes = getattr(evt, "input_shapes", None), getattr(evt, "input_dtypes", None)
+    if not shapes or not dtypes or len(shapes) != len(dtypes):
+        return None
+    total = 0
+    for shape, dtype in zip(shapes, dtypes):
+        if isinstance(shape, list | tuple) and shape and all(isinstance(n, int) for n in shape):
+            if dtype not in DTYPE_BYTES:
+                return None
+            numel = 1
+            for n in shape:
+                numel *= n
+            total += numel * DTYPE_BYTES[dtype]
+    return total
+
+
+def kernel_rows(events, known_bytes: dict) -> tuple[list, str]:
+    """([row per kernel name], what a row is): the device kernels of a profile (CUDA), else its CPU leaf ops (a dry
+    run). Each row: name, calls, seconds, bytes (None where not derivable: every call's launching op must be a
+    ``READ_OPS`` op with recorded inputs, or the name must contain a key of ``known_bytes``), ops (launching ops)."""
+    from torch.autograd import DeviceType
+
+    device = [e for e in events if e.device_type == DeviceType.CUDA]
+    rows = defaultdict(lambda: dict(calls=0, seconds=0.0, bytes=0, bytes_calls=0, ops=set()))
+    if device:
+        for e in device:
+            row = rows[e.name]
+            row["calls"] += 1
+            row["seconds"] += e.time_range.elapsed_us() / 1e6
+        # the op that launched each kernel: the CPU event the profiler hands the kernel to
+        for e in events:
+            if e.device_type != DeviceType.CPU or not getattr(e, "kernels", None):
+                continue
+            op_bytes = input_bytes(e) if e.name.startswith(READ_OPS) else None
+            for k in e.kernels:
+                if k.name in rows:
+                    rows[k.name]["ops"].add(e.name)
+                    if op_bytes is not None and len(e.kernels) == 1:
+                        rows[k.name]["bytes"] += op_bytes
+                        rows[k.name]["bytes_calls"] += 1
+        what = "CUDA kernels"
+    else:
+        for e in events:  # every op's own time (its children's not counted): they sum to the step's CPU time
+            if e.device_type == DeviceType.CPU and not e.is_async and e.name.startswith("aten::"):
+                row = rows[e.name]
+                row["calls"] += 1
+                row["seconds"] += e.self_cpu_time_total / 1e6
+                op_bytes = input_bytes(e) if e.name.startswith(READ_OPS) else None
+                if op_bytes is not None:
+                    row["bytes"] += op_bytes
+                    row["bytes_calls"] += 1
+                row["ops"].add(e.name)
+        what = "CPU aten ops, self time (dry run)"
+    out = []
+    for name, row in rows.items():
+        known = next((b for key, b in known_bytes.items() if key in name), None)
+        if known is not None:
+            nbytes = known * row["calls"]
+        else:
+            nbytes = row["bytes"] if row["bytes_calls"] == row["calls"] else None
+        out.append(dict(name=name, calls=row["calls"], seconds=row["seconds"], bytes=nbytes, ops=sorted(row["ops"])))
+    out.sort(key=lambda r: -r["seconds"])
+    return out, what
+
+
+def kernel_table(rows: list, bandwidth: float | None, top: int = TOP_ROWS) -> dict:
+    """The profile's summary and its top ``top`` rows with GB/s and shares; the rest folded into one row."""
+    total = sum(r["seconds"] for r in rows) or 1e-30
+    table = []
+    for r in rows:
+        gbs = r["bytes"] / r["seconds"] / 1e9 if r["bytes"] and r["seconds"] > 0 else None
+        table.append(dict(r, share_of_step=r["seconds"] / total, gb_per_s=gbs,
+                          bandwidth_share=gbs * 1e9 / bandwidth if gbs and bandwidth else None))
+    rest = table[top:]
+    table = table[:top]
+    if rest:
+        table.append(dict(name=f"other ({len(rest)} kernels)", calls=sum(r["calls"] for r in rest),
+                          seconds=sum(r["seconds"] for r in rest), bytes=None, ops=[],
+                          share_of_step=sum(r["share_of_step"] for r in rest), gb_per_s=None, bandwidth_share=None))
+    known = [r for r in rows if r["bytes"]]
+    return dict(kernel_seconds=sum(r["seconds"] for r in rows), launches=sum(r["calls"] for r in rows),
+                distinct=len(rows), bytes_known=sum(r["bytes"] for r in known),
+                seconds_with_bytes=sum(r["seconds"] for r in known), table=table)
+
+
+def markdown(title: str, summary: dict) -> str:
+    """A profile's table as markdown."""
+    def fmt(x, spec):
+        return "" if x is None else format(x, spec)
+
+    lines = [f"### {title}", "",
+             f"{summary['rows']}: {summary['kernel_seconds'] * 1e3:.3f} ms in {summary['launches']} calls of "
+             f"{summary['distinct']} names; the step's wall time under the profiler "
+             f"{summary['wall_seconds'] * 1e3:.3f} ms",
+             "", "| kernel | calls | ms | share of kernel time | MB read | GB/s | share of bandwidth | launched by |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in summary["table"]:
+        name = r["name"] if len(r["name"]) <= 70 else r["name"][:67] + "..."
+        mb = fmt(r["bytes"] / 1e6 if r["bytes"] else None, ".1f")
+        lines.append(f"| `{name}` | {r['calls']} | {r['seconds'] * 1e3:.3f} | {r['share_of_step']:.1%} | {mb} | "
+                     f"{fmt(r['gb_per_s'], '.0f')} | {fmt(r['bandwidth_share'], '.0%')} | {', '.join(r['ops'][:2])} |")
+    return "\n".join(lines) + "\n"
+
+
+def head_bytes(model, rows: int) -> int:
+    """What ``window_logits_stats`` reads on ``rows`` rows: the LM head's weight once and the hidden rows."""
+    V, D = model.lm_head.weight.shape
+    return (V * D + rows * D) * model.lm_head.weight.element_size()
+
+
+def profile_stage(model, prompt, settings, device, bandwidth) -> dict:
+    """torch.profiler around the first refresh step and the first cached step of one decode (engine uncompiled),
+    after a whole warm-up decode (autotune, cuBLAS heuristics); plus the steps' medians as CUDA graphs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = gpu_decode._engine(model, [prompt], settings, False)
+    gpu_decode._decode(model, [prompt], settings, engine)
+    engine.reset()
+    engine.admit(prompt)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    width = settings.get("block") or settings.get("window")
+    out = {}
+    while len(out) < 2:
+        _sync(device)
+        with profile(activities=activities, record_shapes=True) as prof:
+            start = time.perf_counter()
+            ran = engine.step()
+            _sync(device)
+            wall = time.perf_counter() - start
+        if not ran:
+            break
+        live, refresh, cached = engine.last_step
+        kind = "refresh" if refresh else "cached"
+        if kind in out:
+            continue
+        # the head's rows: the window's on a cached step; a refresh step scores its window rows too
+        rows, what = kernel_rows(prof.events(), {"window_logits_stats_kernel": head_bytes(model, width)})
+        summary = kernel_table(rows, bandwidth)
+        summary.update(wall_seconds=wall, rows=what, live=live)
+        summary["markdown"] = markdown(f"{kind} step", summary)
+        out[kind] = summary
+    del engine
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        out["graphs"] = gpu_decode.time_engine_steps(model, [prompt], settings, device, "cudagraphs")
+    return out
+
+
+# ---- 2. kernels at real shapes ------------------------------------------------------------------------------------
+
+def untrained_tracelock(model):
+    """A TraceLock policy with an untrained controller of the shipped architecture on ``model``'s hidden size (PCA
+    encoders of 256 and 32 codes fitted on random samples): timing only, its decisions mean nothing."""
+    from tracelock.controller import Controller, ControllerConfig, controller_fingerprint
+    from tracelock.features import LinearEncoder, TapEncoder, backbone_fingerprint
+    from tracelock.policies.tracelock import TraceLockPolicy
+
+    D = model.spec.hidden_size
+    samples = torch.randn(1024, D, generator=torch.Generator().manual_seed(0))
+    encoder = TapEncoder(LinearEncoder.fit_pca(samples, min(256, D)), LinearEncoder.fit_pca(samples, min(32, D)),
+                         backbone_fingerprint(model))
+    torch.manual_seed(0)
+    config = ControllerConfig(code_dim=encoder.code_dim, groups=encoder.groups,
+                              fingerprint=controller_fingerprint(model, encoder))
+    return TraceLockPolicy(Controller(config).eval(), encoder=encoder)
+
+
+def _autotune_choice(kernel) -> str | None:
+    best = getattr(kernel, "best_config", None)
+    return None if best is None else str(best)
+
+
+def roofline(bytes_moved: float, flops: float, seconds: float, bandwidth, flop_rate) -> dict:
+    """Achieved GB/s and TFLOP/s; on a known card the roofline time, which bound sets it, and the share reached."""
+    out = dict(seconds=seconds, bytes=bytes_moved, flops=flops, gb_per_s=bytes_moved / seconds / 1e9,
+               tflop_per_s=flops / seconds / 1e12)
+    if bandwidth:
+        memory, compute = bytes_moved / bandwidth, flops / flop_rate
+        out.update(roofline_seconds=max(memory, compute), bound="memory" if memory >= compute else "compute",
+                   roofline_share=max(memory, compute) / seconds)
+    return out
+
+
+def _head_row(model, R, impl, g, device, bandwidth, flop_rate) -> dict:
+    """``window_logits_stats`` on ``R`` random rows: checked against its spec, timed, against its roofline; cuBLAS's
+    ``hidden @ weight.T`` (the logits written, no statistics) at the same shape beside it."""
+    from tracelock.kernels.ref import window_logits_stats_ref
+
+    weight, eos = model.lm_head.weight, model.spec.eos_id
+    V, D = weight.shape
+    hidden = torch.randn(R, D, generator=g, device=device, dtype=weight.dtype)
+    ref = window_logits_stats_ref(hidden, weight, eos)
+    got = ops.window_logits_stats(hidden, weight, eos, impl=impl)
+    seconds = time_call(lambda: ops.window_logits_stats(hidden, weight, eos, impl=impl), device)
+    row = dict(R=R, V=V, D=D, proposal_agreement=(ref[0] == got[0]).float().mean().item(),
+               **roofline(head_bytes(model, R) + 5 * R * 4, 2 * R * V * D, seconds, bandwidth, flop_rate))
+    if impl == "triton":
+        from tracelock.kernels.window_logits_stats import _window_logits_stats_kernel
+
+        row["config"] = _autotune_choice(_window_logits_stats_kernel)
+    cublas = time_call(lambda: hidden @ weight.T, device)
+    row["cublas_mm"] = roofline(head_bytes(model, R) + R * V * weight.element_size(), 2 * R * V * D, cublas,
+                                bandwidth, flop_rate)
+    return row
+
+
+def _tap_row(model, T, A, c, impl, g, device, bandwidth, flop_rate) -> dict:
+    """``tap_project`` on ``T`` random rows of three taps: checked against its spec, timed, against its roofline."""
+    from tracelock.kernels.ref import tap_project_ref
+
+    D, N = A.shape[1], A.shape[2]
+    taps = [torch.randn(T, D, generator=g, device=device, dtype=model.dtype) for _ in range(3)]
+    close = torch.allclose(ops.tap_project(*taps, A, c, impl=impl), tap_project_ref(*taps, A, c), rtol=2e-2,
+                           atol=2e-2)
+    seconds = time_call(lambda: ops.tap_project(*taps, A, c, impl=impl), device)
+    row = dict(T=T, D=D, N=N, matches_spec=close,
+               **roofline(3 * T * D * taps[0].element_size() + 3 * D * N * A.element_size() + T * N * 4,
+                          2 * 3 * T * D * N, seconds, bandwidth, flop_rate))
+    if impl == "triton":
+        from tracelock.kernels.tap_project import _tap_project_kernel
+
+        row["config"] = _autotune_choice(_tap_project_kernel)
+    return row
+
+
+def kernels_stage(model, batches, width, canvas, device, bandwidth, flop_rate) -> dict:
+    """Each kernel at the decode's shapes (B x ``width`` head rows, B x ``canvas`` tap rows), Triton on a GPU (the
+    torch specs in a dry run), checked against its spec before it is timed."""
+    impl = "triton" if device.type == "cuda" else "torch"
+    g = torch.Generator(device=device).manual_seed(0)
+    A, c = untrained_tracelock(model).tap_fold(model)
+    A = A.to(model.dtype) if device.type == "cuda" else A  # the tensor-core path takes A in the taps' dtype
+    out = dict(impl=impl, head=[], taps=[])
+    for B in batches:
+        out["head"].append(dict(B=B, **_head_row(model, B * width, impl, g, device, bandwidth, flop_rate)))
+        log("window_logits_stats", {k: v for k, v in out["head"][-1].items() if k != "cublas_mm"})
+        out["taps"].append(dict(B=B, **_tap_row(model, B * canvas, A, c, impl, g, device, bandwidth, flop_rate)))
+        log("tap_project", out["taps"][-1])
+    return out
+
+
+# ---- 3. TraceLock's step in the engine ----------------------------------------------------------------------------
+
+def tracelock_step_stage(model, prompt, gen, width, device, mode) -> dict:
+    """Step medians of the engine (``mode``) with TraceLock's untrained controller against the confidence rule's
+    bare step, both in a window of ``width`` with the dual cache, B = 1."""
+    common = dict(gen_length=gen, window=width, cache="dual")
+    bare = gpu_decode.time_engine_steps(model, [prompt], dict(common, policy="confidence"), device, mode)
+    ours = gpu_decode.time_engine_steps(model, [prompt], dict(common, policy=untrained_tracelock(model)), device,
+                                        mode)
+    out = dict(settings=common, engine_mode=mode, bare=bare, tracelock=ours,
+               cached_ratio=ours["cached_step_median"] / bare["cached_step_median"])
+    if bare["refresh_step_median"] and ours["refresh_step_median"]:
+        out["refresh_ratio"] = ours["refresh_step_median"] / bare["refresh_step_median"]
+    return out
+
+
+# ---- 4. weight-only int8 (torchao) --------------------------------------------------------------------------------
+
+def int8_stage(model, prompt, settings, device, mode, bandwidth) -> dict:
+    """torchao's weight-only int8 on every linear layer but the LM head (the Triton head reads its bf16 weight); the
+    cached step against the floor of the int8 weights. Skipped, with the reason, without torchao or a GPU."""
+    if device.type != "cuda":
+        return dict(skipped="no CUDA device: torchao's int8 weight-only kernels are GPU kernels")
+    try:
+        import torchao
+        from torchao.quantization import quantize_
+    except ImportError as err:
+        return dict(skipped=f"import torchao failed: {err}")
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig
+        config = Int8WeightOnlyConfig()
+    except ImportError:  # older torchao
+        from torchao.quantization import int8_weight_only
+        config = int8_weight_only()
+    quantize_(model, config, filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear) and not fqn.endswith("lm_head"))
+    # int8 weights and their per-channel scales, the bf16 LM head and norms: every parameter but the embedding
+    read = 0
+    for name, p in model.named_parameters():
+        if name == "embed.weight":
+            continue
+        inner = [getattr(p, a) for a in ("int_data", "qdata", "scale") if isinstance(getattr(p, a, None), torch.Tensor)]
+        inner += [t for t in getattr(getattr(p, "tensor_impl", None), "__dict__", {}).values()
+                  if isinstance(t, torch.Tensor)]
+        read += sum(t.numel() * t.element_size() for t in inner) if inner else p.numel() * p.element_size()
+    steps = gpu_decode.time_engine_steps(model, [prompt], settings, device, mode)
+    out = dict(torchao=torchao.__version__, config=type(config).__name__ if not callable(config) else str(config),
+               weight_bytes_per_step=read, engine_mode=mode, steps=steps)
+    if bandwidth:
+        out.update(floor_seconds=read / bandwidth, cached_over_floor=steps["cached_step_median"] * bandwidth / read)
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="folder for the JSON and the markdown (created)")
+    parser.add_argument("--shape", default="llada-8b", choices=["llada-8b", "dream-7b"],
+                        help="the released shape (default: llada-8b)")
+    parser.add_argument("--budget", type=float, default=150.0,
+                        help="seconds the stages may take; a stage that needs more than is left is skipped (150)")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, micro checkpoint, tiny shapes (default: off)")
+    args = parser.parse_args(argv)
+    budget = Budget(args.budget)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    if not args.dry_run and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --dry-run on a CPU")
+    torch.set_num_threads(1 if args.dry_run else torch.get_num_threads())
+    model, _, label = gpu_decode.load_shape(args.shape, args.dry_run, args.out)
+    gen, block, prompt_len, batches = gpu_decode.sizes(args.dry_run)
+    prompt = gpu_decode.random_prompts(model, 1, prompt_len)[0]
+    settings = dict(gpu_decode.RULE, gen_length=gen, block=block)
+    device = model.device
+    card, bandwidth, flop_rate = ceilings(device)
+    mode = False if args.dry_run else "cudagraphs"
+    result = dict(shape=label, device=torch.cuda.get_device_name(device) if device.type == "cuda" else
+                  platform.processor() or platform.machine(), card=card, bandwidth=bandwidth, bf16_peak=flop_rate,
+                  torch=torch.__version__, settings=settings, prompt_length=prompt_len, budget_seconds=args.budget,
+                  floor=gpu_decode.weight_floor(model, device))
+    path = Path(args.out) / f"gpu-step-{args.shape}{'-dry-run' if args.dry_run else ''}.json"
+
+    def save():
+        atomic_write_text(path, json.dumps(result, indent=2, default=str) + "\n")
+
+    save()
+    log("floor", result["floor"])
+    run_stage(result, "profile", lambda: profile_stage(model, prompt, settings, device, bandwidth), save, budget, 25)
+    if isinstance(result["profile"], dict) and "cached" in result["profile"]:
+        md = Path(args.out) / f"profile-{args.shape}{'-dry-run' if args.dry_run else ''}.md"
+        atomic_write_text(md, f"## One decode step, {label}, {result['device']}\n\n" + "\n".join(
+            result["profile"][k]["markdown"] for k in ("refresh", "cached") if k in result["profile"]))
+        log(result["profile"]["cached"]["markdown"])
+    run_stage(result, "kernels", lambda: kernels_stage(model, batches, block, prompt_len + gen, device, bandwidth,
+                                                       flop_rate), save, budget, 20)
+    run_stage(result, "tracelock_step", lambda: tracelock_step_stage(model, prompt, gen, block, device, mode), save,
+              budget, 30)
+    # last: quantization rewrites the model's linear layers in place
+    run_stage(result, "int8", lambda: int8_stage(model, prompt, settings, device, mode, bandwidth), save, budget, 20)
+    log("wrote", path)
+    return result
+
+
+if __name__ == "__main__":
+    main()
