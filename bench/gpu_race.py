@@ -19,7 +19,7 @@ is recorded in its place) and skipped, with the reason, when the time budget (``
 needs; the JSON (``gpu-race-<shape>.json``) is rewritten atomically after every cell.
 
 ``--dry-run``: the micro checkpoint of the shape's family on the CPU, gen 16, blocks of 8, B = 1 and 2, the engine
-uncompiled (tests/test_gpu_step_script.py).
+uncompiled (tests/test_gpu_decode_script.py).
 
     python bench/gpu_race.py --out DIR [--shape llada-8b|dream-7b] [--per-step 2 4] [--budget SECONDS]
         [--peer-fastdllm DIR] [--inductor] [--dry-run]

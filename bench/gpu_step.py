@@ -22,7 +22,7 @@ error is recorded in its place and the next stage runs) and each skipped, with t
    the cached step against the int8 weight-read floor; else the reason it was skipped.
 
 ``--dry-run`` runs every stage on the CPU at the micro checkpoint's shape (no bandwidth, the torch specs in place of
-the Triton kernels, CPU ops in place of kernels in the profile): tests/test_gpu_step_script.py. The JSON
+the Triton kernels, CPU ops in place of kernels in the profile): tests/test_gpu_decode_script.py. The JSON
 (``gpu-step-<shape>.json``) is rewritten atomically after every stage, so a run cut off keeps what it measured.
 
     python bench/gpu_step.py --out DIR [--shape llada-8b|dream-7b] [--budget SECONDS] [--dry-run]

@@ -1,5 +1,6 @@
-"""bench/gpu_decode.py, the GPU session's measuring script, in its CPU dry run (micro checkpoint, tiny shapes): every
-stage runs and the JSON holds each figure the GPU run reports (the GPU-only ones are None on a CPU)."""
+"""The GPU sessions' measuring scripts in their CPU dry runs (micro checkpoints, tiny shapes): bench/gpu_decode.py,
+bench/gpu_step.py and bench/gpu_race.py. Every stage runs and the JSON holds each figure the GPU run reports (the
+GPU-only ones are None or skipped with a reason on a CPU)."""
 
 import importlib.util
 import json
@@ -11,11 +12,15 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
-def test_dry_run(tmp_path):
-    spec = importlib.util.spec_from_file_location("gpu_decode", BENCH / "gpu_decode.py")
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    result = script.main(["--out", str(tmp_path), "--dry-run"])
+    return script
+
+
+def test_dry_run(tmp_path):
+    result = _script("gpu_decode").main(["--out", str(tmp_path), "--dry-run"])
     saved = json.loads((tmp_path / "gpu-decode-dry-run.json").read_text())
     assert saved["batches"] == [1, 2] and saved["settings"]["cache"] == "dual"
     assert saved["floor"]["weight_bytes_per_step"] > 0 and "floor_seconds" not in saved["floor"]
@@ -30,3 +35,65 @@ def test_dry_run(tmp_path):
         assert peer["agreement"] == 1.0 and peer["nfe"] >= steps["cached_steps"] + steps["refresh_steps"]
         assert len(peer["peer"]["sha256:llada/generate.py"]) == 64 and "commit" not in peer["peer"]  # a plain copy
     assert result["shape"].startswith("micro-llada")
+
+
+def test_step_dry_run(tmp_path):
+    _script("gpu_step").main(["--out", str(tmp_path), "--dry-run"])
+    saved = json.loads((tmp_path / "gpu-step-llada-8b-dry-run.json").read_text())
+    assert saved["card"] is None and saved["settings"]["cache"] == "dual"
+    for stage in ("profile", "kernels", "tracelock_step", "int8"):
+        assert "error" not in saved[stage] and "stage_seconds" in saved[stage], (stage, saved[stage].get("error"))
+    for kind in ("refresh", "cached"):
+        prof = saved["profile"][kind]
+        assert prof["kernel_seconds"] > 0 and prof["launches"] > 0 and prof["rows"].startswith("CPU")
+        # the matrix products' bytes follow from their recorded inputs: at least the weights of every layer
+        mm = next(r for r in prof["table"] if r["name"] == "aten::mm")
+        assert mm["bytes"] >= saved["floor"]["weight_bytes_per_step"] and mm["gb_per_s"] > 0
+        assert abs(sum(r["share_of_step"] for r in prof["table"]) - 1) < 1e-6
+    markdown = (tmp_path / "profile-llada-8b-dry-run.md").read_text()
+    assert "### cached step" in markdown and "| `aten::mm` |" in markdown
+    kernels = saved["kernels"]
+    assert [r["B"] for r in kernels["head"]] == [1, 2] and kernels["impl"] == "torch"
+    assert all(r["proposal_agreement"] == 1.0 and r["R"] == 4 * r["B"] for r in kernels["head"])
+    assert all(r["matches_spec"] and r["T"] == 28 * r["B"] for r in kernels["taps"])
+    assert "roofline_share" not in kernels["head"][0]  # no card, no roofline
+    step = saved["tracelock_step"]
+    assert step["bare"]["cached_steps"] > 0 and step["tracelock"]["cached_steps"] > 0 and step["cached_ratio"] > 0
+    assert "no CUDA device" in saved["int8"]["skipped"]
+
+
+@pytest.mark.parametrize("shape", ["llada-8b", "dream-7b"])
+def test_race_dry_run(tmp_path, shape):
+    _script("gpu_race").main(["--out", str(tmp_path), "--dry-run", "--shape", shape])
+    saved = json.loads((tmp_path / f"gpu-race-{shape}-dry-run.json").read_text())
+    cells, G = saved["cells"], saved["gen_length"]
+    assert saved["per_step"] == [2, 4] and saved["batches"] == [1, 2]
+    for k in (2, 4):
+        for B in (1, 2):
+            eager, engine = cells[f"k{k}-B{B}-eager-loop"], cells[f"k{k}-B{B}-engine-uncompiled"]
+            # k tokens per step: G // k steps, one forward each, the loop and the engine alike
+            assert eager["mean_steps"] == engine["mean_steps"] == G // k, (eager, engine)
+            assert eager["forwards"] == engine["forwards"] == G // k
+        if "skipped" not in saved["fastdllm"]:
+            peer = cells[f"k{k}-B1-fastdllm"]
+            assert peer["nfe"] == peer["steps_argument"] == G // k
+            if shape == "llada-8b":  # the same schedule, fp32: Fast-dLLM's tokens are tracelock's
+                assert peer["agreement"] == 1.0
+            assert f"k{k}-B1-engine-vs-fastdllm" in saved["summary"]
+    assert set(saved["summary"]) >= {"k2-B2-over-B1-tokens-per-second", "k4-B2-over-B1-tokens-per-second"}
+
+
+def test_stage_guard():
+    """A stage that raises is recorded with its error, one that needs more time than is left is skipped; both
+    save, and the run goes on."""
+    step = _script("gpu_step")
+    result, saves = {}, []
+
+    def boom():
+        raise RuntimeError("CUDA out of memory")
+
+    step.run_stage(result, "a", boom, lambda: saves.append(1), step.Budget(60), 1)
+    step.run_stage(result, "b", lambda: dict(x=1), lambda: saves.append(1), step.Budget(5), 30)
+    step.run_stage(result, "c", lambda: dict(x=1), lambda: saves.append(1), step.Budget(60), 1)
+    assert result["a"]["error"] == "RuntimeError: CUDA out of memory" and "boom" in result["a"]["traceback"]
+    assert result["b"]["skipped"].startswith("time budget") and result["c"]["x"] == 1 and len(saves) == 3
