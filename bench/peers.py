@@ -62,15 +62,31 @@ def fastdllm_version(folder) -> dict:
 
 @contextmanager
 def _no_random_init():
-    """Skip the random initialisation of the layers a peer model builds: its weights are replaced right after."""
+    """Skip the random initialisation of the layers a peer model builds: its weights are replaced right after. Its
+    ``post_init`` too, through transformers' ``no_init_weights`` where it exists (Dream's ``_init_weights`` draws
+    every weight with ``normal_`` on the CPU: tens of seconds at 7B)."""
     saved = {cls: cls.reset_parameters for cls in (torch.nn.Linear, torch.nn.Embedding)}
     for cls in saved:
         cls.reset_parameters = lambda self: None
     try:
-        yield
+        with _transformers_no_init():
+            yield
     finally:
         for cls, fn in saved.items():
             cls.reset_parameters = fn
+
+
+def _transformers_no_init():
+    """transformers' ``no_init_weights()`` (v5: ``transformers.initialization``; v4: ``transformers.modeling_utils``),
+    else a context that does nothing."""
+    from contextlib import nullcontext
+
+    for module in ("transformers.initialization", "transformers.modeling_utils"):
+        try:
+            return importlib.import_module(module).no_init_weights()
+        except (ImportError, AttributeError):
+            continue
+    return nullcontext()
 
 
 def _shared_state(model) -> dict:
