@@ -8,19 +8,25 @@
 import torch
 
 from tracelock._triton import autotune_configs, triton
-from tracelock.kernels.tap_project import dot_native
+from tracelock.kernels.tap_project import dot_native, with_config
 
 tl = triton.language
 
 # (BLOCK_V, BLOCK_D, warps, stages); the first is the safe default of the interpreter and TRACELOCK_SKIP_AUTOTUNE.
-# BLOCK_R comes from the launcher (the window's rows, so the weights stream through once).
+# BLOCK_R comes from the launcher (the window's rows, so the weights stream through once). The last two are for the
+# real shapes: 128 x 128 weight tiles keep more bytes in flight per program where the head is memory-bound (a
+# window of 32 rows at B = 1); 256-column tiles halve the re-reads of the hidden tile per weight byte where it leans
+# to compute (R >= 128). Every config fits sm_90's shared memory at BLOCK_R = 128 (tests/test_kernels_compile.py).
 CONFIGS = [
     triton.Config({"BLOCK_V": 128, "BLOCK_D": 64}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_V": 64, "BLOCK_D": 64}, num_warps=4, num_stages=4),
     triton.Config({"BLOCK_V": 128, "BLOCK_D": 32}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_V": 128, "BLOCK_D": 128}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_V": 256, "BLOCK_D": 64}, num_warps=8, num_stages=3),
 ]
-# a split covers a multiple of this many columns; bounds the split count so the merge is a single [rows, S] tile
-SPLIT_ALIGN = 128
+# a split covers a multiple of this many columns (the widest BLOCK_V, so no config ends a split on a ragged tile);
+# bounds the split count so the merge is a single [rows, S] tile
+SPLIT_ALIGN = 256
 MAX_SPLITS = 512
 
 
@@ -143,9 +149,10 @@ def split_columns(V: int, row_tiles: int, device: torch.device) -> int:
 
 
 def window_logits_stats_triton(hidden: torch.Tensor, weight: torch.Tensor, eos_id: int | None,
-                               split_v: int | None = None) -> tuple:
+                               split_v: int | None = None, config: int | None = None) -> tuple:
     """Triton ``window_logits_stats`` (same contract as ``window_logits_stats_ref``); inputs are validated by
-    ``tracelock.ops``. ``split_v`` overrides the columns per split (tests use it to force several splits)."""
+    ``tracelock.ops``. ``split_v`` overrides the columns per split (tests use it to force several splits);
+    ``config`` launches ``CONFIGS[config]`` instead of autotuning (tests check each; benchmarks time each)."""
     R, D = hidden.shape
     V = weight.shape[0]
     dev = hidden.device
@@ -164,9 +171,10 @@ def window_logits_stats_triton(hidden: torch.Tensor, weight: torch.Tensor, eos_i
     parts = [torch.empty((R, S), **f32) for _ in range(4)] + [torch.empty((R, S), dtype=torch.int64, device=dev)]
     eos_logit = torch.empty(R, **f32)
     has_eos = eos_id is not None
-    _window_logits_stats_kernel[(row_tiles, S)](
+    kernel, chosen = with_config(_window_logits_stats_kernel, CONFIGS, config)
+    kernel[(row_tiles, S)](
         hidden, weight, *parts, eos_logit, R, V, D, S, split_v, eos_id if has_eos else 0, hidden.stride(0),
-        HAS_EOS=has_eos, DOT_NATIVE=dot_native(hidden.dtype, weight.dtype), BLOCK_R=BLOCK_R,
+        HAS_EOS=has_eos, DOT_NATIVE=dot_native(hidden.dtype, weight.dtype), BLOCK_R=BLOCK_R, **chosen,
     )
     BLOCK_S = triton.next_power_of_2(S)
     # rows per merge program: a [rows, BLOCK_S] tile of about 4096 elements
