@@ -21,9 +21,10 @@ error is recorded in its place and the next stage runs) and each skipped, with t
 4. ``int8``: torchao's weight-only int8 on every linear layer but the LM head (only when ``import torchao`` works),
    the cached step against the int8 weight-read floor; else the reason it was skipped.
 
-``--dry-run`` runs every stage on the CPU at the micro checkpoint's shape (no bandwidth, the torch specs in place of
-the Triton kernels, CPU ops in place of kernels in the profile): tests/test_gpu_decode_script.py. The JSON
-(``gpu-step-<shape>.json``) is rewritten atomically after every stage, so a run cut off keeps what it measured.
+``--dry-run`` runs every stage on the CPU at the micro checkpoint's shape (no bandwidth; the Triton kernels under
+``TRITON_INTERPRET=1``, else their torch specs; CPU ops in place of kernels in the profile):
+tests/test_gpu_decode_script.py. The JSON (``gpu-step-<shape>.json``) is rewritten atomically after every stage, so
+a run cut off keeps what it measured.
 
     python bench/gpu_step.py --out DIR [--shape llada-8b|dream-7b] [--budget SECONDS] [--dry-run]
 """
@@ -110,7 +111,10 @@ def _sync(device):
 
 
 def time_call(fn, device, calls: int = 20, warmup: int = 3) -> float:
-    """Mean seconds per call of ``fn`` over ``calls`` back-to-back calls (CUDA events on a GPU) after ``warmup``."""
+    """Mean seconds per call of ``fn`` over ``calls`` back-to-back calls (CUDA events on a GPU) after ``warmup``;
+    on a CPU (a dry run) one warm-up and two calls."""
+    if device.type != "cuda":
+        calls, warmup = 2, 1
     for _ in range(warmup):
         fn()
     _sync(device)
@@ -328,9 +332,12 @@ def _head_row(model, R, impl, g, device, bandwidth, flop_rate) -> dict:
     row = dict(R=R, V=V, D=D, proposal_agreement=(ref[0] == got[0]).float().mean().item(),
                **roofline(head_bytes(model, R) + 5 * R * 4, 2 * R * V * D, seconds, bandwidth, flop_rate))
     if impl == "triton":
-        from tracelock.kernels.window_logits_stats import _window_logits_stats_kernel
+        from tracelock.kernels import window_logits_stats as kernel
 
-        row["config"] = _autotune_choice(_window_logits_stats_kernel)
+        row["config"] = _autotune_choice(kernel._window_logits_stats_kernel)
+        row["each_config"] = [
+            _config_row(str(cfg), lambda i=i: kernel.window_logits_stats_triton(hidden, weight, eos, config=i), row,
+                        device, bandwidth, flop_rate) for i, cfg in enumerate(kernel.CONFIGS)]
     cublas = time_call(lambda: hidden @ weight.T, device)
     row["cublas_mm"] = roofline(head_bytes(model, R) + R * V * weight.element_size(), 2 * R * V * D, cublas,
                                 bandwidth, flop_rate)
@@ -350,16 +357,30 @@ def _tap_row(model, T, A, c, impl, g, device, bandwidth, flop_rate) -> dict:
                **roofline(3 * T * D * taps[0].element_size() + 3 * D * N * A.element_size() + T * N * 4,
                           2 * 3 * T * D * N, seconds, bandwidth, flop_rate))
     if impl == "triton":
-        from tracelock.kernels.tap_project import _tap_project_kernel
+        from tracelock.kernels.tap_project import CONFIGS, _tap_project_kernel, tap_project_triton
 
         row["config"] = _autotune_choice(_tap_project_kernel)
+        row["each_config"] = [_config_row(str(cfg), lambda i=i: tap_project_triton(*taps, A, c, config=i), row, device,
+                                          bandwidth, flop_rate) for i, cfg in enumerate(CONFIGS)]
     return row
 
 
+def _config_row(name: str, fn, row: dict, device, bandwidth, flop_rate) -> dict:
+    """One autotune config of a kernel timed on its own (what the next tiling change starts from)."""
+    try:
+        return dict(config=name, **roofline(row["bytes"], row["flops"], time_call(fn, device, calls=10), bandwidth,
+                                            flop_rate))
+    except Exception as err:  # a config the card cannot run (shared memory): recorded, the others still timed
+        return dict(config=name, error=f"{type(err).__name__}: {err}"[:300])
+
+
 def kernels_stage(model, batches, width, canvas, device, bandwidth, flop_rate) -> dict:
-    """Each kernel at the decode's shapes (B x ``width`` head rows, B x ``canvas`` tap rows), Triton on a GPU (the
-    torch specs in a dry run), checked against its spec before it is timed."""
-    impl = "triton" if device.type == "cuda" else "torch"
+    """Each kernel at the decode's shapes (B x ``width`` head rows, B x ``canvas`` tap rows), Triton on a GPU (in a
+    dry run under the interpreter when TRITON_INTERPRET=1 is set, else the torch specs), checked against its spec
+    before it is timed, then each of its autotune configs timed on its own."""
+    from tracelock import _triton
+
+    impl = "triton" if device.type == "cuda" or _triton.triton_interpret else "torch"
     g = torch.Generator(device=device).manual_seed(0)
     A, c = untrained_tracelock(model).tap_fold(model)
     A = A.to(model.dtype) if device.type == "cuda" else A  # the tensor-core path takes A in the taps' dtype
