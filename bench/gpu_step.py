@@ -134,27 +134,33 @@ def time_call(fn, device, calls: int = 20, warmup: int = 3) -> float:
 
 # ---- 1. profile -------------------------------------------------------------------------------------------------
 
-def input_bytes(evt) -> int | None:
-    """Bytes of an op's tensor inputs from the profiler's recorded shapes and dtypes; None when not recorded."""
-    shapes, dtypes = getattr(evt, "input_shapes", None), getattr(evt, "input_dtypes", None)
-    if not shapes or not dtypes or len(shapes) != len(dtypes):
+def input_bytes(evt, default_size: int = 2) -> int | None:
+    """Bytes of an op's tensor inputs from the profiler's recorded shapes and dtypes (a torch whose events carry no
+    dtypes: ``default_size`` bytes each, the model's dtype, as a matrix product's and attention's inputs are); None
+    when the shapes were not recorded."""
+    shapes = getattr(evt, "input_shapes", None)
+    if not shapes:
         return None
+    dtypes = getattr(evt, "input_dtypes", None) or []
+    if len(dtypes) != len(shapes):
+        dtypes = [None] * len(shapes)
     total = 0
     for shape, dtype in zip(shapes, dtypes):
         if isinstance(shape, list | tuple) and shape and all(isinstance(n, int) for n in shape):
-            if dtype not in DTYPE_BYTES:
+            if dtype is not None and dtype not in DTYPE_BYTES:
                 return None
             numel = 1
             for n in shape:
                 numel *= n
-            total += numel * DTYPE_BYTES[dtype]
+            total += numel * (default_size if dtype is None else DTYPE_BYTES[dtype])
     return total
 
 
-def kernel_rows(events, known_bytes: dict) -> tuple[list, str]:
+def kernel_rows(events, known_bytes: dict, default_size: int = 2) -> tuple[list, str]:
     """([row per kernel name], what a row is): the device kernels of a profile (CUDA), else its CPU leaf ops (a dry
     run). Each row: name, calls, seconds, bytes (None where not derivable: every call's launching op must be a
-    ``READ_OPS`` op with recorded inputs, or the name must contain a key of ``known_bytes``), ops (launching ops)."""
+    ``READ_OPS`` op with recorded inputs, or the name must contain a key of ``known_bytes``), ops (launching ops).
+    ``default_size``: bytes per input element where the profiler recorded no dtypes (`input_bytes`)."""
     from torch.autograd import DeviceType
 
     device = [e for e in events if e.device_type == DeviceType.CUDA]
@@ -168,7 +174,7 @@ def kernel_rows(events, known_bytes: dict) -> tuple[list, str]:
         for e in events:
             if e.device_type != DeviceType.CPU or not getattr(e, "kernels", None):
                 continue
-            op_bytes = input_bytes(e) if e.name.startswith(READ_OPS) else None
+            op_bytes = input_bytes(e, default_size) if e.name.startswith(READ_OPS) else None
             for k in e.kernels:
                 if k.name in rows:
                     rows[k.name]["ops"].add(e.name)
@@ -182,7 +188,7 @@ def kernel_rows(events, known_bytes: dict) -> tuple[list, str]:
                 row = rows[e.name]
                 row["calls"] += 1
                 row["seconds"] += e.self_cpu_time_total / 1e6
-                op_bytes = input_bytes(e) if e.name.startswith(READ_OPS) else None
+                op_bytes = input_bytes(e, default_size) if e.name.startswith(READ_OPS) else None
                 if op_bytes is not None:
                     row["bytes"] += op_bytes
                     row["bytes_calls"] += 1
@@ -251,7 +257,9 @@ def profile_stage(model, prompt, settings, device, bandwidth) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     engine = gpu_decode._engine(model, [prompt], settings, False)
-    gpu_decode._decode(model, [prompt], settings, engine)
+    engine.admit(prompt)
+    for _ in range(3):  # warm: a refresh and cached steps (autotune, cuBLAS heuristics)
+        engine.step()
     engine.reset()
     engine.admit(prompt)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -271,7 +279,8 @@ def profile_stage(model, prompt, settings, device, bandwidth) -> dict:
         if kind in out:
             continue
         # the head's rows: the window's on a cached step; a refresh step scores its window rows too
-        rows, what = kernel_rows(prof.events(), {"window_logits_stats_kernel": head_bytes(model, width)})
+        rows, what = kernel_rows(prof.events(), {"window_logits_stats_kernel": head_bytes(model, width)},
+                                 model.lm_head.weight.element_size())
         summary = kernel_table(rows, bandwidth)
         summary.update(wall_seconds=wall, rows=what, live=live)
         summary["markdown"] = markdown(f"{kind} step", summary)
@@ -399,10 +408,17 @@ def tracelock_step_stage(model, prompt, gen, width, device, mode) -> dict:
     """Step medians of the engine (``mode``) with TraceLock's untrained controller against the confidence rule's
     bare step, both in a window of ``width`` with the dual cache, B = 1."""
     common = dict(gen_length=gen, window=width, cache="dual")
+    out = {}
+    try:
+        ours = gpu_decode.time_engine_steps(model, [prompt], dict(common, policy=untrained_tracelock(model)), device,
+                                            mode)
+    except Exception as err:  # recorded; the uncompiled engine still gives the ratio
+        out[f"error_{mode}"] = f"{type(err).__name__}: {err}"[:500]
+        mode = False
+        ours = gpu_decode.time_engine_steps(model, [prompt], dict(common, policy=untrained_tracelock(model)), device,
+                                            mode)
     bare = gpu_decode.time_engine_steps(model, [prompt], dict(common, policy="confidence"), device, mode)
-    ours = gpu_decode.time_engine_steps(model, [prompt], dict(common, policy=untrained_tracelock(model)), device,
-                                        mode)
-    out = dict(settings=common, engine_mode=mode, bare=bare, tracelock=ours,
+    out.update(settings=common, engine_mode=mode, bare=bare, tracelock=ours,
                cached_ratio=ours["cached_step_median"] / bare["cached_step_median"])
     if bare["refresh_step_median"] and ours["refresh_step_median"]:
         out["refresh_ratio"] = ours["refresh_step_median"] / bare["refresh_step_median"]

@@ -97,6 +97,12 @@ def _shared_state(model) -> dict:
     return {official: params[ours] for official, ours in official_keys(model.spec).items()}
 
 
+def _buffers_to(peer, device):
+    """``peer`` with the buffers it built on the CPU (Dream's RoPE ``inv_freq``) moved to ``device``, where its
+    weights (tracelock's tensors) already are: ``Module.to`` leaves a tensor already there as it is, no copy."""
+    return peer.to(device)
+
+
 def llada_generate_module(folder: Path):
     """Fast-dLLM's ``llada/generate.py`` (it imports ``model.modeling_llada``, so ``llada/`` goes on sys.path)."""
     llada = str(folder / "llada")
@@ -118,7 +124,7 @@ def load_llada(folder: Path, model, config: dict):
     with _no_random_init():
         peer = LLaDAModelLM(cfg, init_params=False)
     peer.load_state_dict(_shared_state(model), strict=True, assign=True)
-    return peer.eval()
+    return _buffers_to(peer, model.device).eval()
 
 
 def _dream_package(folder: Path):
@@ -154,6 +160,7 @@ def load_dream(folder: Path, model, config: dict):
     with _no_random_init():
         peer = DreamModel(DreamConfig(**config))
     peer.load_state_dict(_shared_state(model), strict=True, assign=True)
+    _buffers_to(peer, model.device)
     peer.diffusion_generate = types.MethodType(sampler.DreamGenerationMixin.diffusion_generate, peer)
     peer._sample = types.MethodType(sampler.DreamGenerationMixin._sample, peer)
     return peer.eval()

@@ -100,3 +100,46 @@ def test_stage_guard():
     step.run_stage(result, "c", lambda: dict(x=1), lambda: saves.append(1), step.Budget(60), 1)
     assert result["a"]["error"] == "RuntimeError: CUDA out of memory" and "boom" in result["a"]["traceback"]
     assert result["b"]["skipped"].startswith("time budget") and result["c"]["x"] == 1 and len(saves) == 3
+
+
+def test_kernel_rows_from_cuda_events():
+    """The profile's table on a GPU's events (built here by hand: no GPU in CI): kernels grouped by name, bytes from
+    the launching op's recorded inputs (or the model's dtype where the profiler recorded no dtypes), known bytes for
+    the Triton head, none where not derivable; GB/s and shares from them."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import Kernel
+
+    step = _script("gpu_step")
+
+    def event(name, device, us=0.0, kernels=(), shapes=None, dtypes=None):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us),
+                               kernels=list(kernels), input_shapes=shapes, input_dtypes=dtypes, is_async=False)
+
+    cpu, gpu = DeviceType.CPU, DeviceType.CUDA
+    mm = [[32, 4096], [4096, 12288]]
+    events = [event("aten::mm", cpu, kernels=[Kernel("gemm", 0, 10.0)], shapes=mm, dtypes=["c10::BFloat16"] * 2),
+              event("gemm", gpu, 10.0),
+              event("aten::mm", cpu, kernels=[Kernel("gemm", 0, 30.0)], shapes=mm),  # no dtypes recorded
+              event("gemm", gpu, 30.0),
+              event("_window_logits_stats_kernel", gpu, 50.0), event("_window_logits_stats_merge_kernel", gpu, 5.0),
+              event("aten::add", cpu, kernels=[Kernel("elementwise", 0, 5.0)], shapes=[[32, 4096], [32, 4096]],
+                    dtypes=["c10::BFloat16"] * 2),
+              event("elementwise", gpu, 5.0)]
+    rows, what = step.kernel_rows(events, {"window_logits_stats_kernel": 10**6}, default_size=2)
+    assert what == "CUDA kernels"
+    by = {r["name"]: r for r in rows}
+    assert [r["name"] for r in rows][:2] == ["_window_logits_stats_kernel", "gemm"]
+    assert by["gemm"]["calls"] == 2 and abs(by["gemm"]["seconds"] - 40e-6) < 1e-12 and by["gemm"]["ops"] == ["aten::mm"]
+    assert by["gemm"]["bytes"] == 2 * (32 * 4096 + 4096 * 12288) * 2
+    assert by["_window_logits_stats_kernel"]["bytes"] == 10**6
+    assert by["_window_logits_stats_merge_kernel"]["bytes"] is None and by["elementwise"]["bytes"] is None
+    summary = step.kernel_table(rows, 3.35e12, top=2)
+    assert summary["launches"] == 5 and abs(summary["kernel_seconds"] - 100e-6) < 1e-12
+    assert summary["table"][-1]["name"] == "other (2 kernels)" and len(summary["table"]) == 3
+    gemm = summary["table"][1]
+    assert abs(gemm["gb_per_s"] - gemm["bytes"] / 40e-6 / 1e9) < 1e-6 and abs(gemm["share_of_step"] - 0.4) < 1e-9
+    assert abs(gemm["bandwidth_share"] - gemm["gb_per_s"] * 1e9 / 3.35e12) < 1e-9
+    summary.update(wall_seconds=2e-4, rows=what)
+    assert "| `gemm` | 2 | 0.040 | 40.0% |" in step.markdown("cached step", summary)
