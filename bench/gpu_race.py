@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import gpu_decode  # noqa: E402  (bench/gpu_decode.py)
 import peers  # noqa: E402  (bench/peers.py)
-from gpu_step import Budget, log, run_stage  # noqa: E402  (bench/gpu_step.py)
+from gpu_stages import Budget, log, run_stage, sync  # noqa: E402  (bench/gpu_stages.py)
 
 from tracelock.atomic import atomic_write_text  # noqa: E402
 
@@ -48,11 +48,6 @@ def our_settings(family: str, k: int, gen: int, block: int) -> dict:
     # takes the policy's own argument
     args = {"steps": gen // k} if family == "llada" else {"steps": gen // k, "score": "neg_entropy"}
     return dict(policy="confidence", policy_args=args, gen_length=gen, block=block, cache="dual")
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class FastDLLM:
@@ -78,10 +73,10 @@ def fastdllm_cell(fast, prompt, gen, block, k, ours_tokens, device) -> dict:
     """Fast-dLLM at k per step on one prompt: one warm-up, one timed run."""
     steps = gen // k
     fast.run(prompt, gen=gen, block=block, steps=steps)
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     canvas, nfe = fast.run(prompt, gen=gen, block=block, steps=steps)
-    _sync(device)
+    sync(device)
     seconds = time.perf_counter() - start
     out = dict(seconds_per_item=seconds, tokens_per_second=gen / seconds, steps_argument=steps, nfe=int(nfe))
     if ours_tokens is not None:

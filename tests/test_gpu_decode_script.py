@@ -89,7 +89,7 @@ def test_race_dry_run(tmp_path, shape):
 def test_stage_guard():
     """A stage that raises is recorded with its error, one that needs more time than is left is skipped; both
     save, and the run goes on."""
-    step = _script("gpu_step")
+    step = _script("gpu_stages")
     result, saves = {}, []
 
     def boom():
@@ -111,7 +111,7 @@ def test_kernel_rows_from_cuda_events():
     from torch.autograd import DeviceType
     from torch.autograd.profiler_util import Kernel
 
-    step = _script("gpu_step")
+    step = _script("profile_table")
 
     def event(name, device, us=0.0, kernels=(), shapes=None, dtypes=None):
         return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us),
