@@ -138,8 +138,9 @@ def _head_row(model, R, impl, g, device, bandwidth, flop_rate) -> dict:
 
         row["config"] = _autotune_choice(kernel._window_logits_stats_kernel)
         row["each_config"] = [
-            _config_row(str(cfg), lambda i=i: kernel.window_logits_stats_triton(hidden, weight, eos, config=i), row,
-                        device, bandwidth, flop_rate) for i, cfg in enumerate(kernel.CONFIGS)]
+            _config_row(str(cfg), lambda i=i: kernel.window_logits_stats_triton(hidden, weight, eos, config=i),
+                        lambda out: dict(proposal_agreement=(out[0] == ref[0]).float().mean().item()), row, device,
+                        bandwidth, flop_rate) for i, cfg in enumerate(kernel.CONFIGS)]
     cublas = time_call(lambda: hidden @ weight.T, device)
     row["cublas_mm"] = roofline(head_bytes(model, R) + R * V * weight.element_size(), 2 * R * V * D, cublas,
                                 bandwidth, flop_rate)
@@ -152,8 +153,8 @@ def _tap_row(model, T, A, c, impl, g, device, bandwidth, flop_rate) -> dict:
 
     D, N = A.shape[1], A.shape[2]
     taps = [torch.randn(T, D, generator=g, device=device, dtype=model.dtype) for _ in range(3)]
-    close = torch.allclose(ops.tap_project(*taps, A, c, impl=impl), tap_project_ref(*taps, A, c), rtol=2e-2,
-                           atol=2e-2)
+    ref = tap_project_ref(*taps, A, c)
+    close = torch.allclose(ops.tap_project(*taps, A, c, impl=impl), ref, rtol=2e-2, atol=2e-2)
     seconds = time_call(lambda: ops.tap_project(*taps, A, c, impl=impl), device)
     row = dict(T=T, D=D, N=N, matches_spec=close,
                **roofline(3 * T * D * taps[0].element_size() + 3 * D * N * A.element_size() + T * N * 4,
@@ -162,16 +163,19 @@ def _tap_row(model, T, A, c, impl, g, device, bandwidth, flop_rate) -> dict:
         from tracelock.kernels.tap_project import CONFIGS, _tap_project_kernel, tap_project_triton
 
         row["config"] = _autotune_choice(_tap_project_kernel)
-        row["each_config"] = [_config_row(str(cfg), lambda i=i: tap_project_triton(*taps, A, c, config=i), row, device,
-                                          bandwidth, flop_rate) for i, cfg in enumerate(CONFIGS)]
+        row["each_config"] = [
+            _config_row(str(cfg), lambda i=i: tap_project_triton(*taps, A, c, config=i),
+                        lambda out: dict(matches_spec=torch.allclose(out, ref, rtol=2e-2, atol=2e-2)), row, device,
+                        bandwidth, flop_rate) for i, cfg in enumerate(CONFIGS)]
     return row
 
 
-def _config_row(name: str, fn, row: dict, device, bandwidth, flop_rate) -> dict:
-    """One autotune config of a kernel timed on its own (what the next tiling change starts from)."""
+def _config_row(name: str, fn, check, row: dict, device, bandwidth, flop_rate) -> dict:
+    """One autotune config of a kernel, its output checked against the spec's (``check``) and then timed on its own
+    (what the next tiling change starts from)."""
     try:
-        return dict(config=name, **roofline(row["bytes"], row["flops"], time_call(fn, device, calls=10), bandwidth,
-                                            flop_rate))
+        return dict(config=name, **check(fn()), **roofline(row["bytes"], row["flops"], time_call(fn, device, calls=10),
+                                                           bandwidth, flop_rate))
     except Exception as err:  # a config the card cannot run (shared memory): recorded, the others still timed
         return dict(config=name, error=f"{type(err).__name__}: {err}"[:300])
 

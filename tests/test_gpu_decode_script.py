@@ -57,6 +57,8 @@ def test_step_dry_run(tmp_path):
     if kernels["impl"] == "triton":  # under TRITON_INTERPRET=1 (tests/conftest.py): each autotune config ran alone
         for row in kernels["head"] + kernels["taps"]:
             assert len(row["each_config"]) == 5 and all("error" not in c for c in row["each_config"]), row
+            assert all(c.get("proposal_agreement", 1.0) == 1.0 and c.get("matches_spec", True)
+                       for c in row["each_config"])
     assert all(r["proposal_agreement"] == 1.0 and r["R"] == 4 * r["B"] for r in kernels["head"])
     assert all(r["matches_spec"] and r["T"] == 28 * r["B"] for r in kernels["taps"])
     assert "roofline_share" not in kernels["head"][0]  # no card, no roofline
