@@ -37,8 +37,8 @@ def input_bytes(evt, default_size: int = 2) -> int | None:
 
 def kernel_rows(events, known_bytes: dict, default_size: int = 2) -> tuple[list, str]:
     """([row per kernel name], what a row is): the device kernels of a profile (CUDA), else its CPU leaf ops (a dry
-    run). Each row: name, calls, seconds, bytes (None where not derivable: every call's launching op must be a
-    ``READ_OPS`` op with recorded inputs, or the name must contain a key of ``known_bytes``), ops (launching ops).
+    run). Each row: name, calls, seconds, bytes (None where not derivable: every call must be the longest kernel of
+    a ``READ_OPS`` op with recorded inputs, or the name must contain a key of ``known_bytes``), ops (launching ops).
     ``default_size``: bytes per input element where the profiler recorded no dtypes (`input_bytes`)."""
     from torch.autograd import DeviceType
 
@@ -54,12 +54,14 @@ def kernel_rows(events, known_bytes: dict, default_size: int = 2) -> tuple[list,
             if e.device_type != DeviceType.CPU or not getattr(e, "kernels", None):
                 continue
             op_bytes = input_bytes(e, default_size) if e.name.startswith(READ_OPS) else None
+            # an op of several kernels (a split-K GEMM and its reduction) reads its inputs in its longest one
+            main = max(e.kernels, key=lambda k: k.duration)
             for k in e.kernels:
                 if k.name in rows:
                     rows[k.name]["ops"].add(e.name)
-                    if op_bytes is not None and len(e.kernels) == 1:
-                        rows[k.name]["bytes"] += op_bytes
-                        rows[k.name]["bytes_calls"] += 1
+            if op_bytes is not None and main.name in rows:
+                rows[main.name]["bytes"] += op_bytes
+                rows[main.name]["bytes_calls"] += 1
         what = "CUDA kernels"
     else:
         for e in events:  # every op's own time (its children's not counted): they sum to the step's CPU time

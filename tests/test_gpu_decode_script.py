@@ -128,7 +128,11 @@ def test_kernel_rows_from_cuda_events():
               event("_window_logits_stats_kernel", gpu, 50.0), event("_window_logits_stats_merge_kernel", gpu, 5.0),
               event("aten::add", cpu, kernels=[Kernel("elementwise", 0, 5.0)], shapes=[[32, 4096], [32, 4096]],
                     dtypes=["c10::BFloat16"] * 2),
-              event("elementwise", gpu, 5.0)]
+              event("elementwise", gpu, 5.0),
+              # a split-K GEMM: its bytes go to its longest kernel, none to the reduction
+              event("aten::addmm", cpu, kernels=[Kernel("splitk_gemm", 0, 8.0), Kernel("splitk_reduce", 0, 1.0)],
+                    shapes=[[12288], [32, 4096], [4096, 12288]], dtypes=["c10::BFloat16"] * 3),
+              event("splitk_gemm", gpu, 8.0), event("splitk_reduce", gpu, 1.0)]
     rows, what = step.kernel_rows(events, {"window_logits_stats_kernel": 10**6}, default_size=2)
     assert what == "CUDA kernels"
     by = {r["name"]: r for r in rows}
@@ -137,11 +141,13 @@ def test_kernel_rows_from_cuda_events():
     assert by["gemm"]["bytes"] == 2 * (32 * 4096 + 4096 * 12288) * 2
     assert by["_window_logits_stats_kernel"]["bytes"] == 10**6
     assert by["_window_logits_stats_merge_kernel"]["bytes"] is None and by["elementwise"]["bytes"] is None
+    assert by["splitk_gemm"]["bytes"] == (12288 + 32 * 4096 + 4096 * 12288) * 2 and by["splitk_reduce"]["bytes"] is None
+    assert by["splitk_reduce"]["ops"] == ["aten::addmm"]
     summary = step.kernel_table(rows, 3.35e12, top=2)
-    assert summary["launches"] == 5 and abs(summary["kernel_seconds"] - 100e-6) < 1e-12
-    assert summary["table"][-1]["name"] == "other (2 kernels)" and len(summary["table"]) == 3
+    assert summary["launches"] == 7 and abs(summary["kernel_seconds"] - 109e-6) < 1e-12
+    assert summary["table"][-1]["name"] == "other (4 kernels)" and len(summary["table"]) == 3
     gemm = summary["table"][1]
-    assert abs(gemm["gb_per_s"] - gemm["bytes"] / 40e-6 / 1e9) < 1e-6 and abs(gemm["share_of_step"] - 0.4) < 1e-9
+    assert abs(gemm["gb_per_s"] - gemm["bytes"] / 40e-6 / 1e9) < 1e-6 and abs(gemm["share_of_step"] - 40 / 109) < 1e-9
     assert abs(gemm["bandwidth_share"] - gemm["gb_per_s"] * 1e9 / 3.35e12) < 1e-9
     summary.update(wall_seconds=2e-4, rows=what)
-    assert "| `gemm` | 2 | 0.040 | 40.0% |" in step.markdown("cached step", summary)
+    assert "| `gemm` | 2 | 0.040 | 36.7% |" in step.markdown("cached step", summary)
