@@ -12,11 +12,13 @@ trained model commits several. This race fixes the rate instead: k tokens per st
   (``fused_generate``) and the engine with its steps captured as CUDA graphs, at B = 1, 32, 8 (that order); with
   ``--inductor``, also torch.compile + CUDA graphs at B = 1 while the budget allows.
 
-Each cell is one warm-up decode and one timed decode (seconds per item, tokens/s, mean steps, forwards); Fast-dLLM's
-row has its NFE and the share of its tokens equal to tracelock's eager B = 1 tokens (bf16 rounds differently in the
-two: no exact match is asked for on a GPU; the dry run in fp32 is exact for LLaDA). Every cell is guarded (an error
-is recorded in its place) and skipped, with the reason, when the time budget (``--budget``) has less left than it
-needs; the JSON (``gpu-race-<shape>.json``) is rewritten atomically after every cell.
+First, at B = 1 and the first k, the engine's step medians (cached and refresh steps apart) and the cached step
+over the weight-read floor at this shape. Each cell of the race is one warm-up decode and one timed decode (seconds
+per item, tokens/s, mean steps, forwards); Fast-dLLM's row has its NFE and the share of its tokens equal to
+tracelock's eager B = 1 tokens (bf16 rounds differently in the two: no exact match is asked for on a GPU; the dry run
+in fp32 is exact for LLaDA). Every cell is guarded (an error is recorded in its place) and skipped, with the reason,
+when the time budget (``--budget``) has less left than it needs; the JSON (``gpu-race-<shape>.json``) is rewritten
+atomically after every cell.
 
 ``--dry-run``: the micro checkpoint of the shape's family on the CPU, gen 16, blocks of 8, B = 1 and 2, the engine
 uncompiled (tests/test_gpu_decode_script.py).
@@ -38,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import gpu_decode  # noqa: E402  (bench/gpu_decode.py)
 import peers  # noqa: E402  (bench/peers.py)
 from gpu_stages import Budget, log, run_stage, sync  # noqa: E402  (bench/gpu_stages.py)
+from gpu_step import steps_over_floor  # noqa: E402  (bench/gpu_step.py)
 
 from tracelock.atomic import atomic_write_text  # noqa: E402
 
@@ -147,6 +150,10 @@ def main(argv=None):
             result["fastdllm"]["error"] = f"{type(err).__name__}: {err}"
     save()
 
+    # first the cached step against the weight-read floor at this shape (the goal: <= 1.3x), at the race's first k
+    k = args.per_step[0]
+    run_stage(cells, f"k{k}-B1-steps", lambda: steps_over_floor(model, prompts[0], our_settings(family, k, gen, block),
+                                                                 device, mode), save, budget, 10)
     first, rest = list(batches[:1]), sorted(batches[1:], reverse=True)  # B = 1 (the goals), then the largest batch
     tokens_b1 = {}
     for B in first + rest:
@@ -174,9 +181,12 @@ def main(argv=None):
 
 
 def summary(cells: dict, per_step, batches, engine_name) -> dict:
-    """The goals' ratios where both cells ran: tracelock's engine over Fast-dLLM per item at B = 1, and tokens/s at
-    the largest batch over B = 1 (engine)."""
+    """The goals' ratios where their cells ran: the cached step over the floor at B = 1, tracelock's engine over
+    Fast-dLLM per item at B = 1, and tokens/s at the largest batch over B = 1 (engine)."""
     out = {}
+    steps = cells.get(f"k{per_step[0]}-B1-steps", {})
+    if "cached_over_floor" in steps:
+        out["B1-cached-step-over-floor"] = steps["cached_over_floor"]
     for k in per_step:
         engine1, fast = cells.get(f"k{k}-B1-{engine_name}", {}), cells.get(f"k{k}-B1-fastdllm", {})
         if "seconds_per_item" in engine1 and "seconds_per_item" in fast:

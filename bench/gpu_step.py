@@ -92,7 +92,17 @@ def profile_stage(model, prompt, settings, device, bandwidth) -> dict:
     del engine
     if device.type == "cuda":
         torch.cuda.empty_cache()
-        out["graphs"] = gpu_decode.time_engine_steps(model, [prompt], settings, device, "cudagraphs")
+        out["graphs"] = steps_over_floor(model, prompt, settings, device, "cudagraphs")
+    return out
+
+
+def steps_over_floor(model, prompt, settings, device, mode) -> dict:
+    """The engine's step medians (`gpu_decode.time_engine_steps`) at B = 1 and, on a known card, the cached step
+    over the weight-read floor (the goal: <= 1.3x)."""
+    out = gpu_decode.time_engine_steps(model, [prompt], settings, device, mode)
+    floor = gpu_decode.weight_floor(model, device).get("floor_seconds")
+    if floor:
+        out.update(floor_seconds=floor, cached_over_floor=out["cached_step_median"] / floor)
     return out
 
 

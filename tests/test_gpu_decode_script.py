@@ -86,6 +86,8 @@ def test_race_dry_run(tmp_path, shape):
                 assert peer["agreement"] == 1.0
             assert f"k{k}-B1-engine-vs-fastdllm" in saved["summary"]
     assert set(saved["summary"]) >= {"k2-B2-over-B1-tokens-per-second", "k4-B2-over-B1-tokens-per-second"}
+    steps = cells["k2-B1-steps"]  # the cached step's median at this shape (no floor without a known card)
+    assert steps["cached_steps"] > 0 and steps["cached_step_median"] > 0 and "cached_over_floor" not in steps
 
 
 def test_stage_guard():
