@@ -14,19 +14,19 @@ tl = triton.language
 
 # (BLOCK_V, BLOCK_D, warps, stages); the first is the safe default of the interpreter and TRACELOCK_SKIP_AUTOTUNE.
 # BLOCK_R comes from the launcher (the window's rows, so the weights stream through once). The last two are for the
-# real shapes: 128 x 128 weight tiles keep more bytes in flight per program where the head is memory-bound (a
-# window of 32 rows at B = 1); 256-column tiles halve the re-reads of the hidden tile per weight byte where it leans
-# to compute (R >= 128). Every config fits sm_90's shared memory at BLOCK_R = 128 (tests/test_kernels_compile.py).
+# real shapes, with 128-wide steps along D: more bytes in flight per program where the head is memory-bound (a window
+# of 32 rows at B = 1), and 8 warps so that neither spills registers at BLOCK_R = 128 on sm_90, where the epilogue's
+# [BLOCK_R, BLOCK_V] fp32 tiles beside the accumulator take every register (ptxas -v: 255; 256-column tiles spilled
+# 2 KB). Every config fits sm_90's shared memory at BLOCK_R = 128 (tests/test_kernels_compile.py).
 CONFIGS = [
     triton.Config({"BLOCK_V": 128, "BLOCK_D": 64}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_V": 64, "BLOCK_D": 64}, num_warps=4, num_stages=4),
     triton.Config({"BLOCK_V": 128, "BLOCK_D": 32}, num_warps=4, num_stages=4),
     triton.Config({"BLOCK_V": 128, "BLOCK_D": 128}, num_warps=8, num_stages=3),
-    triton.Config({"BLOCK_V": 256, "BLOCK_D": 64}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_V": 64, "BLOCK_D": 128}, num_warps=8, num_stages=3),
 ]
-# a split covers a multiple of this many columns (the widest BLOCK_V, so no config ends a split on a ragged tile);
-# bounds the split count so the merge is a single [rows, S] tile
-SPLIT_ALIGN = 256
+# a split covers a multiple of this many columns; bounds the split count so the merge is a single [rows, S] tile
+SPLIT_ALIGN = 128
 MAX_SPLITS = 512
 
 
@@ -64,6 +64,9 @@ def _window_logits_stats_kernel(
             else:
                 b_l = tl.dot(b_h.to(tl.float32), tl.trans(b_wt.to(tl.float32)), b_l, input_precision="ieee")
         b_l = tl.where(m_v[None, :], b_l, float("-inf"))
+        if HAS_EOS:
+            # first, so the raw logits are dead once the shifted ones below exist (fewer live tiles, fewer registers)
+            b_eos += tl.sum(tl.where(o_v[None, :] == eos_id, b_l, 0.0), 1)
         # top-2 of the tile; argmax takes the first maximum, and a later tile must be strictly larger to win,
         # so ties go to the lowest index as in torch.argmax
         b_tmax = tl.max(b_l, 1)  # [BLOCK_R]
@@ -84,8 +87,6 @@ def _window_logits_stats_kernel(
         b_z += tl.sum(b_q, 1)
         b_w += tl.sum(tl.where(b_q > 0, b_q * b_d, 0.0), 1)
         b_m = b_mn
-        if HAS_EOS:
-            b_eos += tl.sum(tl.where(o_v[None, :] == eos_id, b_l, 0.0), 1)
     p_part = o_r * S + i_s
     tl.store(PART_M + p_part, b_m, mask=m_r)
     tl.store(PART_Z + p_part, b_z, mask=m_r)
