@@ -234,6 +234,15 @@ def tracelock_step_stage(model, prompt, gen, width, device, mode) -> dict:
 
 # ---- 4. weight-only int8 (torchao) --------------------------------------------------------------------------------
 
+def stored_bytes(t: torch.Tensor) -> int:
+    """The bytes a tensor's storage holds: a tensor subclass (torchao's quantized weights) is the sum of the tensors
+    it flattens to (``__tensor_flatten__``: int8 data, scales, zero points), a plain tensor its elements."""
+    if hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return sum(stored_bytes(getattr(t, n)) for n in names)
+    return t.numel() * t.element_size()
+
+
 def int8_stage(model, prompt, settings, device, mode, bandwidth) -> dict:
     """torchao's weight-only int8 on every linear layer but the LM head (the Triton head reads its bf16 weight); the
     cached step against the floor of the int8 weights. Skipped, with the reason, without torchao or a GPU."""
@@ -252,14 +261,7 @@ def int8_stage(model, prompt, settings, device, mode, bandwidth) -> dict:
         config = int8_weight_only()
     quantize_(model, config, filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear) and not fqn.endswith("lm_head"))
     # int8 weights and their per-channel scales, the bf16 LM head and norms: every parameter but the embedding
-    read = 0
-    for name, p in model.named_parameters():
-        if name == "embed.weight":
-            continue
-        inner = [getattr(p, a) for a in ("int_data", "qdata", "scale") if isinstance(getattr(p, a, None), torch.Tensor)]
-        inner += [t for t in getattr(getattr(p, "tensor_impl", None), "__dict__", {}).values()
-                  if isinstance(t, torch.Tensor)]
-        read += sum(t.numel() * t.element_size() for t in inner) if inner else p.numel() * p.element_size()
+    read = sum(stored_bytes(p) for name, p in model.named_parameters() if name != "embed.weight")
     steps = gpu_decode.time_engine_steps(model, [prompt], settings, device, mode)
     out = dict(torchao=torchao.__version__, config=type(config).__name__ if not callable(config) else str(config),
                weight_bytes_per_step=read, engine_mode=mode, steps=steps)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -153,3 +154,13 @@ def test_kernel_rows_from_cuda_events():
     assert abs(gemm["bandwidth_share"] - gemm["gb_per_s"] * 1e9 / 3.35e12) < 1e-9
     summary.update(wall_seconds=2e-4, rows=what)
     assert "| `gemm` | 2 | 0.040 | 36.7% |" in step.markdown("cached step", summary)
+
+
+def test_stored_bytes_of_a_tensor_subclass():
+    """The int8 stage's floor counts what a quantized weight stores (its flattened tensors), not its logical size."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    step = _script("gpu_step")
+    weight = torch.nn.Parameter(TwoTensor(torch.zeros(4, 8, dtype=torch.int8), torch.zeros(4, 8, dtype=torch.int8)),
+                                requires_grad=False)
+    assert step.stored_bytes(weight) == 2 * 32 and step.stored_bytes(torch.zeros(4, 8, dtype=torch.bfloat16)) == 64
