@@ -64,13 +64,21 @@ class FastDLLM:
             self.peer = peers.load_llada(folder, model, config)
         else:
             self.peer = peers.load_dream(folder, model, config)
+            # its sampler returns no NFE: its forwards are counted
+            self.forwards = 0
+            self.peer.register_forward_pre_hook(self._count)
+
+    def _count(self, module, args):
+        self.forwards += 1
 
     def run(self, prompt, *, gen: int, block: int, steps: int):
         if self.family == "llada":
             return peers.run_llada(self.module, self.peer, "confidence-dual", prompt, gen_length=gen, block=block,
                                    mask_id=self.model.spec.mask_id, steps=steps)
         config = peers.dream_generation_config(self.folder, self.model.spec, gen, steps, alg="entropy")
-        return peers.run_dream(self.peer, config, prompt, block=block), steps
+        self.forwards = 0
+        canvas = peers.run_dream(self.peer, config, prompt, block=block)
+        return canvas, self.forwards
 
 
 def fastdllm_cell(fast, prompt, gen, block, k, ours_tokens, device) -> dict:

@@ -57,12 +57,12 @@ def head_bytes(model, rows: int) -> int:
 
 def profile_stage(model, prompt, settings, device, bandwidth) -> dict:
     """torch.profiler around the first refresh step and the first cached step of one decode (engine uncompiled),
-    after a whole warm-up decode (autotune, cuBLAS heuristics); plus the steps' medians as CUDA graphs."""
+    after three warm-up steps (autotune, cuBLAS heuristics); plus the steps' medians as CUDA graphs."""
     from torch.profiler import ProfilerActivity, profile
 
     engine = gpu_decode._engine(model, [prompt], settings, False)
     engine.admit(prompt)
-    for _ in range(3):  # warm: a refresh and cached steps (autotune, cuBLAS heuristics)
+    for _ in range(3):  # a refresh and cached steps
         engine.step()
     engine.reset()
     engine.admit(prompt)
