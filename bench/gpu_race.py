@@ -184,9 +184,38 @@ def main(argv=None):
                 model, prompts[:1], our_settings(family, k, gen, block), device, True)[0], save, budget, 90)
     result["summary"] = summary(cells, args.per_step, batches, engine_name)
     save()
+    table = markdown(result)
+    atomic_write_text(path.with_name(f"race-{args.shape}{'-dry-run' if args.dry_run else ''}.md"), table)
+    log(table)
     log("summary", result["summary"])
     log("wrote", path)
     return result
+
+
+def markdown(result: dict) -> str:
+    """The race's cells as a markdown table: per cell seconds per item, tokens/s, steps, forwards (NFE for
+    Fast-dLLM), and Fast-dLLM's seconds per item over the cell's at the same k (B = 1 cells per item, larger batches
+    per item of the batch); a cell that did not run says why."""
+    cells = result["cells"]
+    lines = [f"### {result['shape']}, {result['device']}: gen {result['gen_length']}, blocks of {result['block']}, "
+             f"dual cache, k tokens per step", "",
+             "| cell | seconds per item | tokens/s | steps | forwards | Fast-dLLM / cell, per item |",
+             "|---|---|---|---|---|---|"]
+    for name, c in cells.items():
+        if "seconds_per_item" not in c:
+            why = c.get("skipped") or c.get("error") or ""
+            if "cached_step_median" in c:
+                why = f"cached step {c['cached_step_median'] * 1e3:.2f} ms" + (
+                    f", {c['cached_over_floor']:.2f}x the weight-read floor" if "cached_over_floor" in c else "")
+            lines.append(f"| {name} | {why[:100]} | | | | |")
+            continue
+        k = name.split("-")[0]
+        fast = cells.get(f"{k}-B1-fastdllm", {}).get("seconds_per_item")
+        ratio = f"{fast / c['seconds_per_item']:.2f}x" if fast else ""
+        steps = c.get("mean_steps", c.get("steps_argument"))
+        lines.append(f"| {name} | {c['seconds_per_item']:.3f} | {c['tokens_per_second']:.1f} | {steps} | "
+                     f"{c.get('forwards', c.get('nfe'))} | {ratio} |")
+    return "\n".join(lines) + "\n"
 
 
 def summary(cells: dict, per_step, batches, engine_name) -> dict:

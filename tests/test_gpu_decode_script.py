@@ -89,6 +89,9 @@ def test_race_dry_run(tmp_path, shape):
     assert set(saved["summary"]) >= {"k2-B2-over-B1-tokens-per-second", "k4-B2-over-B1-tokens-per-second"}
     steps = cells["k2-B1-steps"]  # the cached step's median at this shape (no floor without a known card)
     assert steps["cached_steps"] > 0 and steps["cached_step_median"] > 0 and "cached_over_floor" not in steps
+    table = (tmp_path / f"race-{shape}-dry-run.md").read_text()
+    assert "| k2-B1-steps | cached step " in table and "| k4-B2-engine-uncompiled |" in table
+    assert table.count("\n| k") == len(cells)
 
 
 def test_stage_guard():
