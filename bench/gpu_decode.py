@@ -53,28 +53,41 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def setup(args):
-    """(model, prompts, settings, llada config dict, device, label)."""
+def load_shape(name: str, dry_run: bool, out) -> tuple:
+    """(model, official config dict, label) of ``name`` (``tracelock.models.shapes.SHAPES``): random bf16 weights on
+    CUDA, or in a dry run the micro checkpoint of the same family on the CPU (written under ``out``)."""
     from tracelock.models.shapes import SHAPES, random_backbone
-    from tracelock.models.tiny import llada_config
+    from tracelock.models.tiny import dream_config, llada_config
 
-    if args.dry_run:
+    family, sizes, vocab, max_pos, ids = SHAPES[name]
+    if dry_run:
         from tracelock.models import write_tiny_checkpoint
 
-        folder = write_tiny_checkpoint(Path(args.out) / "micro-llada", family="llada", seed=0)
-        model = tracelock.load_model(folder)
-        config = json.loads((folder / "config.json").read_text())
-        gen, block, prompt_len, batches = 16, 4, 12, (1, 2)
-        label = "micro-llada (dry run, CPU)"
-    else:
-        model = random_backbone("llada-8b", device="cuda", dtype=torch.bfloat16)
-        _, sizes, vocab, max_pos, ids = SHAPES["llada-8b"]
-        config = llada_config(*sizes, ids, vocab_rows=vocab, max_positions=max_pos)
-        gen, block, prompt_len, batches = 256, 32, 128, (1, 8, 32)
-        label = "llada-8b shape, random bf16 weights"
+        folder = write_tiny_checkpoint(Path(out) / f"micro-{family}", family=family, seed=0)
+        return (tracelock.load_model(folder), json.loads((folder / "config.json").read_text()),
+                f"micro-{family} (dry run, CPU)")
+    model = random_backbone(name, device="cuda", dtype=torch.bfloat16)
+    make = llada_config if family == "llada" else dream_config
+    return model, make(*sizes, ids, vocab_rows=vocab, max_positions=max_pos), f"{name} shape, random bf16 weights"
+
+
+def random_prompts(model, count: int, length: int) -> list:
+    """``count`` prompts of ``length`` random ordinary tokens (ids below every special id), seed 0."""
     g = torch.Generator().manual_seed(0)
     top = min(model.spec.mask_id, model.spec.eos_id) - 1
-    prompts = torch.randint(0, top, (max(batches), prompt_len), generator=g).tolist()
+    return torch.randint(0, top, (count, length), generator=g).tolist()
+
+
+def sizes(dry_run: bool) -> tuple:
+    """(gen, block, prompt length, batches): LLaDA's paper setting on a GPU, a tiny one in a dry run."""
+    return (16, 4, 12, (1, 2)) if dry_run else (256, 32, 128, (1, 8, 32))
+
+
+def setup(args):
+    """(model, prompts, settings, official config dict, device, label, batches) at LLaDA-8B's shape."""
+    model, config, label = load_shape("llada-8b", args.dry_run, args.out)
+    gen, block, prompt_len, batches = sizes(args.dry_run)
+    prompts = random_prompts(model, max(batches), prompt_len)
     return model, prompts, dict(RULE, gen_length=gen, block=block), config, model.device, label, batches
 
 

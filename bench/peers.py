@@ -62,15 +62,31 @@ def fastdllm_version(folder) -> dict:
 
 @contextmanager
 def _no_random_init():
-    """Skip the random initialisation of the layers a peer model builds: its weights are replaced right after."""
+    """Skip the random initialisation of the layers a peer model builds: its weights are replaced right after. Its
+    ``post_init`` too, through transformers' ``no_init_weights`` where it exists (Dream's ``_init_weights`` draws
+    every weight with ``normal_`` on the CPU: tens of seconds at 7B)."""
     saved = {cls: cls.reset_parameters for cls in (torch.nn.Linear, torch.nn.Embedding)}
     for cls in saved:
         cls.reset_parameters = lambda self: None
     try:
-        yield
+        with _transformers_no_init():
+            yield
     finally:
         for cls, fn in saved.items():
             cls.reset_parameters = fn
+
+
+def _transformers_no_init():
+    """transformers' ``no_init_weights()`` (v5: ``transformers.initialization``; v4: ``transformers.modeling_utils``),
+    else a context that does nothing."""
+    from contextlib import nullcontext
+
+    for module in ("transformers.initialization", "transformers.modeling_utils"):
+        try:
+            return importlib.import_module(module).no_init_weights()
+        except (ImportError, AttributeError):
+            continue
+    return nullcontext()
 
 
 def _shared_state(model) -> dict:
@@ -79,6 +95,12 @@ def _shared_state(model) -> dict:
 
     params = dict(model.named_parameters())
     return {official: params[ours] for official, ours in official_keys(model.spec).items()}
+
+
+def _buffers_to(peer, device):
+    """``peer`` with the buffers it built on the CPU (Dream's RoPE ``inv_freq``) moved to ``device``, where its
+    weights (tracelock's tensors) already are: ``Module.to`` leaves a tensor already there as it is, no copy."""
+    return peer.to(device)
 
 
 def llada_generate_module(folder: Path):
@@ -102,7 +124,7 @@ def load_llada(folder: Path, model, config: dict):
     with _no_random_init():
         peer = LLaDAModelLM(cfg, init_params=False)
     peer.load_state_dict(_shared_state(model), strict=True, assign=True)
-    return peer.eval()
+    return _buffers_to(peer, model.device).eval()
 
 
 def _dream_package(folder: Path):
@@ -138,20 +160,23 @@ def load_dream(folder: Path, model, config: dict):
     with _no_random_init():
         peer = DreamModel(DreamConfig(**config))
     peer.load_state_dict(_shared_state(model), strict=True, assign=True)
+    _buffers_to(peer, model.device)
     peer.diffusion_generate = types.MethodType(sampler.DreamGenerationMixin.diffusion_generate, peer)
     peer._sample = types.MethodType(sampler.DreamGenerationMixin._sample, peer)
     return peer.eval()
 
 
-def dream_generation_config(folder: Path, spec, gen_length: int, steps: int):
-    """The block sampler's generation config for greedy confidence-threshold decoding."""
+def dream_generation_config(folder: Path, spec, gen_length: int, steps: int, alg: str = "confidence_threshold"):
+    """The block sampler's generation config, greedy: ``alg="confidence_threshold"`` (the threshold rule; ``steps``
+    only has to divide by the block count), or any other ``alg`` for its scheduled rule (``steps`` steps in all, a
+    block's count of each step from Dream's ``int(n (1 - s/t))``, ranked by neg-entropy)."""
     sampler = _dream_package(folder)
 
     class Config(sampler.DreamGenerationConfig):
         def validate(self, *args, **kwargs):  # transformers 5 passes user_set_attributes=...
             pass
 
-    return Config(temperature=0.0, max_new_tokens=gen_length, steps=steps, alg="confidence_threshold",
+    return Config(temperature=0.0, max_new_tokens=gen_length, steps=steps, alg=alg,
                   mask_token_id=spec.mask_id, eos_token_id=spec.eos_id, pad_token_id=spec.pad_id,
                   bos_token_id=spec.bos_id, return_dict_in_generate=False)
 
@@ -165,23 +190,29 @@ LLADA_RULES = {
                                                                      cache="prefix")),
     "fastdllm-0.9": ("generate", 0.9, dict(policy="threshold", policy_args={"tau": 0.9})),
     "confidence": ("generate", None, dict(policy="confidence")),
+    # k per step with the dual cache: Fast-dLLM's steps = gen_length // k, tracelock's per_step = k
+    "confidence-dual": ("generate_with_dual_cache", None, dict(policy="confidence", cache="dual")),
 }
 DREAM_RULE = "fastdllm-dream-0.9-dual"
 DREAM_SETTINGS = dict(policy="threshold", policy_args={"tau": 0.9, "first_token": True}, cache="dual")
 
 
-def run_llada(generate_module, peer, rule: str, prompt: list, *, gen_length: int, block: int, mask_id: int):
-    """Fast-dLLM's function of ``rule`` on one prompt (its functions take batch 1): (canvas [1, P + G], NFE)."""
+def run_llada(generate_module, peer, rule: str, prompt: list, *, gen_length: int, block: int, mask_id: int,
+              steps: int | None = None):
+    """Fast-dLLM's function of ``rule`` on one prompt (its functions take batch 1): (canvas [1, P + G], NFE).
+    ``steps`` (default gen_length) is its own ``steps`` argument: a rule without a threshold commits
+    gen_length // steps tokens per step (LLaDA's schedule; tracelock's ``per_step``)."""
     name, threshold, _ = LLADA_RULES[rule]
     device = next(peer.parameters()).device
     ids = torch.tensor([prompt], device=device)
-    return getattr(generate_module, name)(peer, ids, steps=gen_length, gen_length=gen_length, block_length=block,
-                                          temperature=0.0, remasking="low_confidence", mask_id=mask_id,
-                                          threshold=threshold)
+    return getattr(generate_module, name)(peer, ids, steps=steps or gen_length, gen_length=gen_length,
+                                          block_length=block, temperature=0.0, remasking="low_confidence",
+                                          mask_id=mask_id, threshold=threshold)
 
 
 def run_dream(peer, config, prompt: list, *, block: int, threshold: float = 0.9):
-    """Fast-dLLM's Dream block sampler with the dual cache on one prompt: the canvas [1, P + G]."""
+    """Fast-dLLM's Dream block sampler with the dual cache on one prompt: the canvas [1, P + G]. ``config`` (from
+    `dream_generation_config`) picks the rule: its threshold, or a scheduled ``alg`` of ``config.steps`` steps."""
     device = next(peer.parameters()).device
     ids = torch.tensor([prompt], device=device)
     return peer.diffusion_generate(ids, generation_config=config, block_length=block, dual_cache=True,

@@ -12,10 +12,15 @@ tl = triton.language
 
 # (BLOCK_T, BLOCK_N, BLOCK_D, warps, stages); the first is the safe default the interpreter and
 # TRACELOCK_SKIP_AUTOTUNE use. All tiles >= 16 so every tl.dot compiles for sm_80/sm_90 (K >= 16).
+# The last two are the larger tiles of a bf16 GEMM on sm_90 (T = B x 384 canvas rows reaches 12288 at B = 32, where
+# the op leans to compute): 128-row tiles for warp-group MMA, within sm_90's shared memory
+# (tests/test_kernels_compile.py).
 CONFIGS = [
     triton.Config({"BLOCK_T": 64, "BLOCK_N": 64, "BLOCK_D": 32}, num_warps=4, num_stages=3),
     triton.Config({"BLOCK_T": 32, "BLOCK_N": 64, "BLOCK_D": 64}, num_warps=4, num_stages=3),
     triton.Config({"BLOCK_T": 64, "BLOCK_N": 128, "BLOCK_D": 32}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_T": 128, "BLOCK_N": 128, "BLOCK_D": 32}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_T": 128, "BLOCK_N": 64, "BLOCK_D": 32}, num_warps=4, num_stages=4),
 ]
 
 
@@ -67,9 +72,19 @@ def dot_native(*dtypes: torch.dtype) -> bool:
     return not triton_interpret and len(set(dtypes)) == 1 and dtypes[0] in (torch.float16, torch.bfloat16)
 
 
+def with_config(kernel, configs: list, index: int | None) -> tuple:
+    """(what to launch, its extra launch arguments): ``kernel`` (autotuned) for None, else the JIT function under
+    the autotuner with ``configs[index]``'s block sizes, warps and stages."""
+    if index is None:
+        return kernel, {}
+    config = configs[index]
+    return kernel.fn, dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+
+
 def tap_project_triton(h1: torch.Tensor, h2: torch.Tensor, h3: torch.Tensor, A: torch.Tensor,
-                       c: torch.Tensor) -> torch.Tensor:
-    """Triton ``tap_project`` (same contract as ``tap_project_ref``); inputs are validated by ``tracelock.ops``."""
+                       c: torch.Tensor, config: int | None = None) -> torch.Tensor:
+    """Triton ``tap_project`` (same contract as ``tap_project_ref``); inputs are validated by ``tracelock.ops``.
+    ``config`` launches ``CONFIGS[config]`` instead of autotuning (tests check each; benchmarks time each)."""
     T, D = h1.shape
     N = A.shape[2]
     out = torch.empty((T, N), dtype=torch.float32, device=h1.device)
@@ -81,8 +96,9 @@ def tap_project_triton(h1: torch.Tensor, h2: torch.Tensor, h3: torch.Tensor, A: 
     def grid(meta):
         return triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(N, meta["BLOCK_N"])
 
-    _tap_project_kernel[grid](
+    kernel, chosen = with_config(_tap_project_kernel, CONFIGS, config)
+    kernel[grid](
         h1, h2, h3, A, c, out, T, D, N, h1.stride(0), h2.stride(0), h3.stride(0),
-        DOT_NATIVE=dot_native(h1.dtype, h2.dtype, h3.dtype, A.dtype),
+        DOT_NATIVE=dot_native(h1.dtype, h2.dtype, h3.dtype, A.dtype), **chosen,
     )
     return out

@@ -8,16 +8,22 @@
 import torch
 
 from tracelock._triton import autotune_configs, triton
-from tracelock.kernels.tap_project import dot_native
+from tracelock.kernels.tap_project import dot_native, with_config
 
 tl = triton.language
 
 # (BLOCK_V, BLOCK_D, warps, stages); the first is the safe default of the interpreter and TRACELOCK_SKIP_AUTOTUNE.
-# BLOCK_R comes from the launcher (the window's rows, so the weights stream through once).
+# BLOCK_R comes from the launcher (the window's rows, so the weights stream through once). The last two are for the
+# real shapes, with 128-wide steps along D: more bytes in flight per program where the head is memory-bound (a window
+# of 32 rows at B = 1), and 8 warps so that neither spills registers at BLOCK_R = 128 on sm_90, where the epilogue's
+# [BLOCK_R, BLOCK_V] fp32 tiles beside the accumulator take every register (ptxas -v: 255; 256-column tiles spilled
+# 2 KB). Every config fits sm_90's shared memory at BLOCK_R = 128 (tests/test_kernels_compile.py).
 CONFIGS = [
     triton.Config({"BLOCK_V": 128, "BLOCK_D": 64}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_V": 64, "BLOCK_D": 64}, num_warps=4, num_stages=4),
     triton.Config({"BLOCK_V": 128, "BLOCK_D": 32}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_V": 128, "BLOCK_D": 128}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_V": 64, "BLOCK_D": 128}, num_warps=8, num_stages=3),
 ]
 # a split covers a multiple of this many columns; bounds the split count so the merge is a single [rows, S] tile
 SPLIT_ALIGN = 128
@@ -58,6 +64,9 @@ def _window_logits_stats_kernel(
             else:
                 b_l = tl.dot(b_h.to(tl.float32), tl.trans(b_wt.to(tl.float32)), b_l, input_precision="ieee")
         b_l = tl.where(m_v[None, :], b_l, float("-inf"))
+        if HAS_EOS:
+            # first, so the raw logits are dead once the shifted ones below exist (fewer live tiles, fewer registers)
+            b_eos += tl.sum(tl.where(o_v[None, :] == eos_id, b_l, 0.0), 1)
         # top-2 of the tile; argmax takes the first maximum, and a later tile must be strictly larger to win,
         # so ties go to the lowest index as in torch.argmax
         b_tmax = tl.max(b_l, 1)  # [BLOCK_R]
@@ -78,8 +87,6 @@ def _window_logits_stats_kernel(
         b_z += tl.sum(b_q, 1)
         b_w += tl.sum(tl.where(b_q > 0, b_q * b_d, 0.0), 1)
         b_m = b_mn
-        if HAS_EOS:
-            b_eos += tl.sum(tl.where(o_v[None, :] == eos_id, b_l, 0.0), 1)
     p_part = o_r * S + i_s
     tl.store(PART_M + p_part, b_m, mask=m_r)
     tl.store(PART_Z + p_part, b_z, mask=m_r)
@@ -143,9 +150,10 @@ def split_columns(V: int, row_tiles: int, device: torch.device) -> int:
 
 
 def window_logits_stats_triton(hidden: torch.Tensor, weight: torch.Tensor, eos_id: int | None,
-                               split_v: int | None = None) -> tuple:
+                               split_v: int | None = None, config: int | None = None) -> tuple:
     """Triton ``window_logits_stats`` (same contract as ``window_logits_stats_ref``); inputs are validated by
-    ``tracelock.ops``. ``split_v`` overrides the columns per split (tests use it to force several splits)."""
+    ``tracelock.ops``. ``split_v`` overrides the columns per split (tests use it to force several splits);
+    ``config`` launches ``CONFIGS[config]`` instead of autotuning (tests check each; benchmarks time each)."""
     R, D = hidden.shape
     V = weight.shape[0]
     dev = hidden.device
@@ -164,9 +172,10 @@ def window_logits_stats_triton(hidden: torch.Tensor, weight: torch.Tensor, eos_i
     parts = [torch.empty((R, S), **f32) for _ in range(4)] + [torch.empty((R, S), dtype=torch.int64, device=dev)]
     eos_logit = torch.empty(R, **f32)
     has_eos = eos_id is not None
-    _window_logits_stats_kernel[(row_tiles, S)](
+    kernel, chosen = with_config(_window_logits_stats_kernel, CONFIGS, config)
+    kernel[(row_tiles, S)](
         hidden, weight, *parts, eos_logit, R, V, D, S, split_v, eos_id if has_eos else 0, hidden.stride(0),
-        HAS_EOS=has_eos, DOT_NATIVE=dot_native(hidden.dtype, weight.dtype), BLOCK_R=BLOCK_R,
+        HAS_EOS=has_eos, DOT_NATIVE=dot_native(hidden.dtype, weight.dtype), BLOCK_R=BLOCK_R, **chosen,
     )
     BLOCK_S = triton.next_power_of_2(S)
     # rows per merge program: a [rows, BLOCK_S] tile of about 4096 elements

@@ -1,21 +1,27 @@
-"""bench/gpu_decode.py, the GPU session's measuring script, in its CPU dry run (micro checkpoint, tiny shapes): every
-stage runs and the JSON holds each figure the GPU run reports (the GPU-only ones are None on a CPU)."""
+"""The GPU sessions' measuring scripts in their CPU dry runs (micro checkpoints, tiny shapes): bench/gpu_decode.py,
+bench/gpu_step.py and bench/gpu_race.py. Every stage runs and the JSON holds each figure the GPU run reports (the
+GPU-only ones are None or skipped with a reason on a CPU)."""
 
 import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
-def test_dry_run(tmp_path):
-    spec = importlib.util.spec_from_file_location("gpu_decode", BENCH / "gpu_decode.py")
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    result = script.main(["--out", str(tmp_path), "--dry-run"])
+    return script
+
+
+def test_dry_run(tmp_path):
+    result = _script("gpu_decode").main(["--out", str(tmp_path), "--dry-run"])
     saved = json.loads((tmp_path / "gpu-decode-dry-run.json").read_text())
     assert saved["batches"] == [1, 2] and saved["settings"]["cache"] == "dual"
     assert saved["floor"]["weight_bytes_per_step"] > 0 and "floor_seconds" not in saved["floor"]
@@ -30,3 +36,134 @@ def test_dry_run(tmp_path):
         assert peer["agreement"] == 1.0 and peer["nfe"] >= steps["cached_steps"] + steps["refresh_steps"]
         assert len(peer["peer"]["sha256:llada/generate.py"]) == 64 and "commit" not in peer["peer"]  # a plain copy
     assert result["shape"].startswith("micro-llada")
+
+
+def test_step_dry_run(tmp_path):
+    _script("gpu_step").main(["--out", str(tmp_path), "--dry-run"])
+    saved = json.loads((tmp_path / "gpu-step-llada-8b-dry-run.json").read_text())
+    assert saved["card"] is None and saved["settings"]["cache"] == "dual"
+    for stage in ("profile", "kernels", "tracelock_step", "int8"):
+        assert "error" not in saved[stage] and "stage_seconds" in saved[stage], (stage, saved[stage].get("error"))
+    for kind in ("refresh", "cached"):
+        prof = saved["profile"][kind]
+        assert prof["kernel_seconds"] > 0 and prof["launches"] > 0 and prof["rows"].startswith("CPU")
+        # the matrix products' bytes follow from their recorded inputs: at least the weights of every layer
+        mm = next(r for r in prof["table"] if r["name"] == "aten::mm")
+        assert mm["bytes"] >= saved["floor"]["weight_bytes_per_step"] and mm["gb_per_s"] > 0
+        assert abs(sum(r["share_of_step"] for r in prof["table"]) - 1) < 1e-6
+    markdown = (tmp_path / "profile-llada-8b-dry-run.md").read_text()
+    assert "### cached step" in markdown and "| `aten::mm` |" in markdown
+    kernels = saved["kernels"]
+    assert [r["B"] for r in kernels["head"]] == [1, 2]
+    if kernels["impl"] == "triton":  # under TRITON_INTERPRET=1 (tests/conftest.py): each autotune config ran alone
+        for row in kernels["head"] + kernels["taps"]:
+            assert len(row["each_config"]) == 5 and all("error" not in c for c in row["each_config"]), row
+            assert all(c.get("proposal_agreement", 1.0) == 1.0 and c.get("matches_spec", True)
+                       for c in row["each_config"])
+    assert all(r["proposal_agreement"] == 1.0 and r["R"] == 4 * r["B"] for r in kernels["head"])
+    assert all(r["matches_spec"] and r["T"] == 28 * r["B"] for r in kernels["taps"])
+    assert "roofline_share" not in kernels["head"][0]  # no card, no roofline
+    step = saved["tracelock_step"]
+    assert step["bare"]["cached_steps"] > 0 and step["tracelock"]["cached_steps"] > 0 and step["cached_ratio"] > 0
+    assert "no CUDA device" in saved["int8"]["skipped"]
+
+
+@pytest.mark.parametrize("shape", ["llada-8b", "dream-7b"])
+def test_race_dry_run(tmp_path, shape):
+    _script("gpu_race").main(["--out", str(tmp_path), "--dry-run", "--shape", shape])
+    saved = json.loads((tmp_path / f"gpu-race-{shape}-dry-run.json").read_text())
+    cells, G = saved["cells"], saved["gen_length"]
+    assert saved["per_step"] == [2, 4] and saved["batches"] == [1, 2]
+    for k in (2, 4):
+        for B in (1, 2):
+            eager, engine = cells[f"k{k}-B{B}-eager-loop"], cells[f"k{k}-B{B}-engine-uncompiled"]
+            # k tokens per step: G // k steps, one forward each, the loop and the engine alike
+            assert eager["mean_steps"] == engine["mean_steps"] == G // k, (eager, engine)
+            assert eager["forwards"] == engine["forwards"] == G // k
+        if "skipped" not in saved["fastdllm"]:
+            peer = cells[f"k{k}-B1-fastdllm"]
+            assert peer["nfe"] == peer["steps_argument"] == G // k
+            if shape == "llada-8b":  # the same schedule, fp32: Fast-dLLM's tokens are tracelock's
+                assert peer["agreement"] == 1.0
+            assert f"k{k}-B1-engine-vs-fastdllm" in saved["summary"]
+    assert set(saved["summary"]) >= {"k2-B2-over-B1-tokens-per-second", "k4-B2-over-B1-tokens-per-second"}
+    steps = cells["k2-B1-steps"]  # the cached step's median at this shape (no floor without a known card)
+    assert steps["cached_steps"] > 0 and steps["cached_step_median"] > 0 and "cached_over_floor" not in steps
+    table = (tmp_path / f"race-{shape}-dry-run.md").read_text()
+    assert "| k2-B1-steps | cached step " in table and "| k4-B2-engine-uncompiled |" in table
+    assert table.count("\n| k") == len(cells)
+
+
+def test_stage_guard():
+    """A stage that raises is recorded with its error, one that needs more time than is left is skipped; both
+    save, and the run goes on."""
+    step = _script("gpu_stages")
+    result, saves = {}, []
+
+    def boom():
+        raise RuntimeError("CUDA out of memory")
+
+    step.run_stage(result, "a", boom, lambda: saves.append(1), step.Budget(60), 1)
+    step.run_stage(result, "b", lambda: dict(x=1), lambda: saves.append(1), step.Budget(5), 30)
+    step.run_stage(result, "c", lambda: dict(x=1), lambda: saves.append(1), step.Budget(60), 1)
+    assert result["a"]["error"] == "RuntimeError: CUDA out of memory" and "boom" in result["a"]["traceback"]
+    assert result["b"]["skipped"].startswith("time budget") and result["c"]["x"] == 1 and len(saves) == 3
+
+
+def test_kernel_rows_from_cuda_events():
+    """The profile's table on a GPU's events (built here by hand: no GPU in CI): kernels grouped by name, bytes from
+    the launching op's recorded inputs (or the model's dtype where the profiler recorded no dtypes), known bytes for
+    the Triton head, none where not derivable; GB/s and shares from them."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import Kernel
+
+    step = _script("profile_table")
+
+    def event(name, device, us=0.0, kernels=(), shapes=None, dtypes=None):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us),
+                               kernels=list(kernels), input_shapes=shapes, input_dtypes=dtypes, is_async=False)
+
+    cpu, gpu = DeviceType.CPU, DeviceType.CUDA
+    mm = [[32, 4096], [4096, 12288]]
+    events = [event("aten::mm", cpu, kernels=[Kernel("gemm", 0, 10.0)], shapes=mm, dtypes=["c10::BFloat16"] * 2),
+              event("gemm", gpu, 10.0),
+              event("aten::mm", cpu, kernels=[Kernel("gemm", 0, 30.0)], shapes=mm),  # no dtypes recorded
+              event("gemm", gpu, 30.0),
+              event("_window_logits_stats_kernel", gpu, 50.0), event("_window_logits_stats_merge_kernel", gpu, 5.0),
+              event("aten::add", cpu, kernels=[Kernel("elementwise", 0, 5.0)], shapes=[[32, 4096], [32, 4096]],
+                    dtypes=["c10::BFloat16"] * 2),
+              event("elementwise", gpu, 5.0),
+              # a split-K GEMM: its bytes go to its longest kernel, none to the reduction
+              event("aten::addmm", cpu, kernels=[Kernel("splitk_gemm", 0, 8.0), Kernel("splitk_reduce", 0, 1.0)],
+                    shapes=[[12288], [32, 4096], [4096, 12288]], dtypes=["c10::BFloat16"] * 3),
+              event("splitk_gemm", gpu, 8.0), event("splitk_reduce", gpu, 1.0)]
+    rows, what = step.kernel_rows(events, {"window_logits_stats_kernel": 10**6}, default_size=2)
+    assert what == "CUDA kernels"
+    by = {r["name"]: r for r in rows}
+    assert [r["name"] for r in rows][:2] == ["_window_logits_stats_kernel", "gemm"]
+    assert by["gemm"]["calls"] == 2 and abs(by["gemm"]["seconds"] - 40e-6) < 1e-12 and by["gemm"]["ops"] == ["aten::mm"]
+    assert by["gemm"]["bytes"] == 2 * (32 * 4096 + 4096 * 12288) * 2
+    assert by["_window_logits_stats_kernel"]["bytes"] == 10**6
+    assert by["_window_logits_stats_merge_kernel"]["bytes"] is None and by["elementwise"]["bytes"] is None
+    assert by["splitk_gemm"]["bytes"] == (12288 + 32 * 4096 + 4096 * 12288) * 2 and by["splitk_reduce"]["bytes"] is None
+    assert by["splitk_reduce"]["ops"] == ["aten::addmm"]
+    summary = step.kernel_table(rows, 3.35e12, top=2)
+    assert summary["launches"] == 7 and abs(summary["kernel_seconds"] - 109e-6) < 1e-12
+    assert summary["table"][-1]["name"] == "other (4 kernels)" and len(summary["table"]) == 3
+    gemm = summary["table"][1]
+    assert abs(gemm["gb_per_s"] - gemm["bytes"] / 40e-6 / 1e9) < 1e-6 and abs(gemm["share_of_step"] - 40 / 109) < 1e-9
+    assert abs(gemm["bandwidth_share"] - gemm["gb_per_s"] * 1e9 / 3.35e12) < 1e-9
+    summary.update(wall_seconds=2e-4, rows=what)
+    assert "| `gemm` | 2 | 0.040 | 36.7% |" in step.markdown("cached step", summary)
+
+
+def test_stored_bytes_of_a_tensor_subclass():
+    """The int8 stage's floor counts what a quantized weight stores (its flattened tensors), not its logical size."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    step = _script("gpu_step")
+    weight = torch.nn.Parameter(TwoTensor(torch.zeros(4, 8, dtype=torch.int8), torch.zeros(4, 8, dtype=torch.int8)),
+                                requires_grad=False)
+    assert step.stored_bytes(weight) == 2 * 32 and step.stored_bytes(torch.zeros(4, 8, dtype=torch.bfloat16)) == 64

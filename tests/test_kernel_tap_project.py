@@ -120,3 +120,16 @@ def test_tap_project_validation(case, exc, match):
                 c=torch.zeros(6)) | case
     with pytest.raises(exc, match=match):
         ops.tap_project(**args, impl="torch")
+
+
+@pytest.mark.parametrize("config", range(5), ids=lambda i: f"cfg{i}")
+def test_tap_project_every_config(poisoned_empty, config):
+    # each autotune config on its own (the interpreter and TRACELOCK_SKIP_AUTOTUNE take only the first): T, D and N
+    # all ragged against every config's tiles
+    from tracelock.kernels.tap_project import CONFIGS, tap_project_triton
+
+    assert len(CONFIGS) == 5
+    args = make_inputs(131, 80, 140, torch.bfloat16, torch.bfloat16)
+    ref_out = tap_project_ref(*args)
+    tri_out = tap_project_triton(*args, config=config)
+    assert_close("out", ref_out, tri_out, atol=ATOL * ref_out.abs().max().item(), rtol=RTOL)

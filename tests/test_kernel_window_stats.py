@@ -165,3 +165,16 @@ def test_window_logits_stats_validation(case, exc, match):
     args = dict(hidden=torch.zeros(4, 8), weight=torch.zeros(10, 8), eos_id=1) | case
     with pytest.raises(exc, match=match):
         ops.window_logits_stats(**args, impl="torch")
+
+
+@pytest.mark.parametrize("config", range(5), ids=lambda i: f"cfg{i}")
+def test_window_logits_stats_every_config(poisoned_empty, config):
+    # each autotune config on its own (the interpreter and TRACELOCK_SKIP_AUTOTUNE take only the first): two row
+    # tiles, several splits of which the last is ragged, so every tile shape meets the masks and the merge
+    from tracelock.kernels.window_logits_stats import CONFIGS, window_logits_stats_triton
+
+    assert len(CONFIGS) == 5
+    hidden, weight = make_inputs(130, 160, 1400, torch.bfloat16)
+    ref = window_logits_stats_ref(hidden, weight, 1398)
+    tri = window_logits_stats_triton(hidden, weight, 1398, split_v=384, config=config)
+    check_against_ref(ref, tri, hidden, weight)

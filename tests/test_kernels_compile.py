@@ -3,7 +3,11 @@ GPUTarget runs the real NVIDIA pipeline down to PTX and a cubin from ptxas, and 
 tolerates (dot tiles with K < 16, unsupported ops, register or shared-memory overflows).
 
 Each kernel is compiled for every constexpr specialisation its launcher can pick, with the default (first)
-autotune config, plus every other autotune config on the path a bf16 model takes on a GPU.
+autotune config, plus every other autotune config on the path a bf16 model takes on a GPU. That path is compiled a
+second time as a launch at the released models' shapes sees it: 16-byte aligned pointers and the sizes and strides
+that are multiples of 16 marked so (triton's JIT specialises them so at launch). Only then can its loads be
+pipelined (asynchronous copies into ``num_stages`` shared-memory buffers, without which a memory-bound kernel waits
+on every load); the pipelined kernel must still fit sm_90's shared memory.
 
 The compiles run in one child process without ``TRITON_INTERPRET``: under the interpreter (which tests/conftest.py
 turns on) triton's own ``tl.standard`` helpers (max, argmax, sigmoid, ...) are interpreted functions, and
@@ -25,6 +29,17 @@ pytestmark = pytest.mark.skipif(not _triton.triton_available, reason="triton is 
 SM = 90
 
 
+# the int arguments that are multiples of 16 at LLaDA-8B's and Dream-7B's decode shapes (D 4096 / 3584, N 384,
+# V 126464 / 152064, splits of 256-column multiples, row strides of D)
+ALIGNED = {"_tap_project_kernel": ("D", "N", "stride_h1", "stride_h2", "stride_h3"),
+           "_window_logits_stats_kernel": ("V", "D", "SPLIT_V", "stride_h")}
+
+
+def _aligned(cases: list) -> list:
+    """``cases`` again as compiled for a launch at the released shapes (see the module docstring)."""
+    return [dict(case, id=case["id"] + "-aligned", aligned=True) for case in cases]
+
+
 def _tap_project_cases():
     from tracelock.kernels.tap_project import CONFIGS
 
@@ -36,7 +51,7 @@ def _tap_project_cases():
         n_configs = len(CONFIGS) if native else 1
         cases += [dict(id=f"tap_project-h{h}-A{a}-cfg{i}", module="tap_project", kernel="_tap_project_kernel",
                        types=types, constexprs=dict(DOT_NATIVE=native), config=i) for i in range(n_configs)]
-    return cases
+    return cases + _aligned([c for c in cases if c["constexprs"]["DOT_NATIVE"]])
 
 
 def _window_logits_stats_cases():
@@ -55,6 +70,11 @@ def _window_logits_stats_cases():
         cases += [dict(id=f"window_logits_stats-{dt}-R{block_r}-eos{int(eos)}-cfg{i}", module="window_logits_stats",
                        kernel="_window_logits_stats_kernel", types=types, constexprs=constexprs, config=i)
                   for i in range(n_configs)]
+    # the bf16 head as the decode launches it: 128-row tiles (B >= 4) and 32-row tiles (a window of 32 at B = 1)
+    bf16 = [c for c in cases if c["constexprs"]["DOT_NATIVE"] and c["constexprs"]["BLOCK_R"] == 128]
+    cases += _aligned(bf16)
+    cases += _aligned([dict(c, id=c["id"].replace("-R128-", "-R32-"), constexprs=dict(c["constexprs"], BLOCK_R=32))
+                       for c in bf16])
     outs = dict(PROPOSAL="*i64", MAX_PROB="*fp32", SECOND_PROB="*fp32", NEG_ENTROPY="*fp32", EOS_PROB="*fp32")
     types = dict(**parts, **outs, R="i32", S="i32")
     # the launcher's merge tiles: [rows, BLOCK_S] of at most 4096 elements, from one split up to MAX_SPLITS
@@ -121,13 +141,38 @@ def compile_case(case: dict) -> dict:
     if missing:
         return dict(error=f"no type or value given for {sorted(missing)}")
     signature = {name: case["types"].get(name, "constexpr") for name in fn.arg_names}
-    src = ASTSource(fn=fn, signature=signature, constexprs={(fn.arg_names.index(k),): v for k, v in values.items()})
+    attrs = {}
+    if case.get("aligned"):
+        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+                 if case["types"].get(name, "").startswith("*") or name in ALIGNED[case["kernel"]]}
+    src = ASTSource(fn=fn, signature=signature, constexprs={(fn.arg_names.index(k),): v for k, v in values.items()},
+                    attrs=attrs)
     try:
         compiled = _triton.triton.compile(src, target=GPUTarget("cuda", SM, 32), options=options)
     except Exception as err:  # the report carries the compiler's message to the failing test
         return dict(error=f"{type(err).__name__}: {err}")
-    return dict(ptx_target=f".target sm_{SM}" in compiled.asm["ptx"], cubin_bytes=len(compiled.asm["cubin"]),
-                wgmma="warp_group_dot" in compiled.asm["ttgir"], shared=compiled.metadata.shared)
+    out = dict(ptx_target=f".target sm_{SM}" in compiled.asm["ptx"], cubin_bytes=len(compiled.asm["cubin"]),
+               wgmma="warp_group_dot" in compiled.asm["ttgir"], shared=compiled.metadata.shared,
+               async_copies=compiled.asm["ttgir"].count("async_copy_global_to_local"))
+    if case.get("aligned"):
+        out.update(_registers(compiled.asm["ptx"]))
+    return out
+
+
+def _registers(ptx: str) -> dict:
+    """Registers per thread and bytes of spill stores of a kernel's PTX, from ``ptxas -v`` for sm_90a."""
+    import re
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.ptx"
+        path.write_text(ptx)
+        done = subprocess.run([_ptxas(), f"-arch=sm_{SM}a", "-v", str(path), "-o", str(Path(tmp) / "kernel.cubin")],
+                              capture_output=True, text=True, timeout=300)
+    report = done.stdout + done.stderr
+    registers, spills = re.search(r"Used (\d+) registers", report), re.search(r"(\d+) bytes spill stores", report)
+    return dict(registers=int(registers.group(1)) if registers else None,
+                spill_stores=int(spills.group(1)) if spills else None)
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +192,21 @@ def test_kernel_compiles_sm90(compiled, case):
     assert got["ptx_target"] and got["cubin_bytes"] > 0
     # H100/H200 shared memory per block is 227 KiB
     assert got["shared"] <= 227 * 1024
+
+
+# 4 warps holding a 128 x 128 fp32 tile and its epilogue: ptxas spills about 1 KB; autotuning times it beside the rest
+SPILLS_KNOWN = {"window_logits_stats-bf16-R128-eos1-cfg2-aligned"}
+
+
+@pytest.mark.parametrize("case", [c for c in cases() if c.get("aligned")], ids=lambda c: c["id"])
+def test_aligned_loads_are_pipelined(compiled, case):
+    # at the released shapes every tile load of the main loop is an asynchronous copy into one of num_stages
+    # buffers (triton 3.7 copies each tile in its own piece; an unpipelined loop has none)
+    got = compiled[case["id"]]
+    assert got["async_copies"] > 0
+    # and no register spills (ptxas -v), but for the one config known to spill
+    assert got["registers"] and got["registers"] <= 255
+    assert (got["spill_stores"] > 0) == (case["id"] in SPILLS_KNOWN), got
 
 
 @pytest.mark.parametrize("case_id", ["tap_project-hbf16-Abf16-cfg0", "window_logits_stats-bf16-R128-eos1-cfg0"])
