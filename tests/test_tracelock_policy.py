@@ -276,7 +276,11 @@ def test_confidence_fallback_commits_the_most_confident_slot(model, encoder):
     inp.signals.eos_prob[0, 2] = 0.95
     held = TraceLockPolicy(nobody, encoder, fallback="confidence", hold_end=True)
     assert _slots(held.select(inp))[0] == [5]
-    with pytest.raises(ValueError, match="fallback='best' must be one of score, confidence"):
+    inp.signals.neg_entropy = -inp.signals.confidence.flip(1)  # a different order: the most certain by entropy
+    by_entropy = TraceLockPolicy(nobody, encoder, fallback="neg_entropy")
+    assert _slots(by_entropy.select(inp)) == [[max(s, key=lambda j: inp.signals.neg_entropy[r, j].item())] if s else []
+                                              for r, s in enumerate(_slots(inp.active))]
+    with pytest.raises(ValueError, match="fallback='best' must be one of score, confidence, neg_entropy"):
         TraceLockPolicy(nobody, encoder, fallback="best")
 
 

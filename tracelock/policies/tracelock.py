@@ -66,7 +66,7 @@ def _load(controller, encoder, model):
     return controller.eval(), encoder
 
 
-FALLBACKS = ("score", "confidence")
+FALLBACKS = ("score", "confidence", "neg_entropy")
 HELD = -1e4  # the score of a held slot: its margin is below any real one, so neither the rule nor the fallback picks it
 
 
@@ -103,10 +103,11 @@ class TraceLockPolicy(Policy):
             errors"). The fallback's one commit per step is kept (the leftmost masked slot is never held).
             Default: False.
         fallback (str): what a step commits when no slot clears theta: "score", the slot with the controller's
-            largest margin (the paper's rule), or "confidence", the backbone's most confident slot (the family's
-            one-per-step rule, so a high theta tends to it). The controller's best slot was twice as often the
-            first wrong commit as any commit (docs/frontier.md). "confidence" decides in `select` (the fused
-            loop's commit op implements the paper's rule only). Default: "score".
+            largest margin (the paper's rule), "confidence" or "neg_entropy", the backbone's most certain slot by
+            that score (the LLaDA and Dream families' one-per-step rules, so a high theta tends to them). The
+            controller's best slot was twice as often the first wrong commit as any commit (docs/frontier.md).
+            The backbone's scores decide in `select` (the fused loop's commit op implements the paper's rule
+            only). Default: "score".
         model (DiffusionBackbone, optional): when given, the controller's and encoder's backbone fingerprints are
             checked now; otherwise the tap width is checked at the first step.
     """
@@ -252,8 +253,8 @@ class TraceLockPolicy(Policy):
         if self.cap is not None:
             # order by the margin: sigmoid saturates to exactly 1.0 in fp32 for m > ~17, the margin does not
             passes = topk_mask(m, passes, ones * self.cap)
-        if self.fallback == "confidence":  # the most confident slot that hold_end does not hold
-            best = topk_mask(inp.signals.confidence, active & (m > HELD / 2), ones)
+        if self.fallback != "score":  # the backbone's most certain slot that hold_end does not hold
+            best = topk_mask(getattr(inp.signals, self.fallback), active & (m > HELD / 2), ones)
         else:
             best = topk_mask(m, active, ones)
         return passes | (best & ~passes.any(dim=1, keepdim=True))
