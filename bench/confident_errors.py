@@ -127,7 +127,8 @@ def summarize(commits: list, width: int) -> dict:
 def analyse(run: Path, setting: str, policy: str, reference: str, theta: float, tokenizer=None,
             end_ids=(0,)) -> dict:
     base = run / "runs" / setting.replace("/", "-")
-    ours_dir, ref_dir = base / policy, base / reference
+    ours_dir = base / policy
+    ref_dir = Path(reference) if "/" in reference else base / reference  # another run's policy folder
     for d in (ours_dir, ref_dir):
         if not d.is_dir():
             options = sorted(p.name for p in base.iterdir()) if base.is_dir() else []
@@ -183,7 +184,9 @@ def main(argv=None) -> int:
     p.add_argument("run", type=Path, help="a `tracelock eval --out` folder (one task)")
     p.add_argument("--setting", required=True, help="GEN/WIDTH, e.g. 64/32")
     p.add_argument("--policy", required=True, help="the TraceLock policy's folder name, e.g. tracelock-theta-0.9")
-    p.add_argument("--reference", default="confidence", help="the reference policy's folder name")
+    p.add_argument("--reference", default="confidence",
+                   help="the reference policy's folder name, or the path of a policy folder of another eval run of "
+                        "the same items and setting")
     p.add_argument("--theta", type=float, required=True, help="the TraceLock policy's theta")
     p.add_argument("--model", default=None, help="the run's model (to print tokens as text), e.g. testbed")
     p.add_argument("--out", type=Path, help="write the JSON here")
