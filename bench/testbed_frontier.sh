@@ -11,7 +11,8 @@
 # Environment: MODEL, WORK (the study folder: l2p/ is read and completed there), CONTROLLER (optional) and ST
 # (TraceLock and TraceLock-ST run folders), OUT ($WORK/frontier-test), LIMIT (500 items per task, a random draw with SEED, 0),
 # SETTINGS (64/16,64/32,128/32,128/64), PER_STEP, TAUS, L2P_THRESHOLDS, THETAS (the grids), N_TRAIN (200: Learn2PD's
-# training items), BATCH (50 rows per decode call), JOBS (2: math and code decoded side by side, one torch thread each; 1: one after the other).
+# training items), ST_VARIANT (tracelock policy arguments, e.g. hold_end=true:fallback=confidence: a second
+# TraceLock-ST curve with them, "TraceLock-ST (variant)"), BATCH (50 rows per decode call), JOBS (2: math and code decoded side by side, one torch thread each; 1: one after the other).
 # The family's one-per-step rule (LLaDA: confidence; Dream: neg-entropy, one token per step) is swept along
 # per_step; on a Dream model Fast-dLLM's Dream variant (the block's first token from the refresh) runs beside its
 # LLaDA form. Each run writes records.json (per item) beside frontier.json; `python -m tracelock.eval.matched OUT`
@@ -37,9 +38,12 @@ ST=$(realpath "$ST"); OUT=$(realpath -m "$OUT")
 FAMILY=$(python -c "import sys; from tracelock.eval.frontier import _family; print(_family(sys.argv[1]))" "$MODEL")
 RULE=confidence
 PEERS=()
-PLAIN=()   # the TraceLock curve beside TraceLock-ST, when a CONTROLLER is given
+PLAIN=()   # the other TraceLock curves: the ST variant, the supervised controller (CONTROLLER)
+if [ -n "${ST_VARIANT:-}" ]; then
+  PLAIN+=(--sweep "tracelock:theta=$THETAS:controller=$ST:$ST_VARIANT:curve=TraceLock-ST (variant)")
+fi
 if [ -n "$CONTROLLER" ]; then
-  PLAIN=(--sweep "tracelock:theta=$THETAS:controller=$(realpath "$CONTROLLER"):curve=TraceLock")
+  PLAIN+=(--sweep "tracelock:theta=$THETAS:controller=$(realpath "$CONTROLLER"):curve=TraceLock")
 fi
 if [ "$FAMILY" = dream ]; then
   RULE=confidence:score=neg_entropy
