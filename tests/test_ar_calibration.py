@@ -73,3 +73,16 @@ def test_cli_writes_the_result(tmp_path):
                  "--tokenizer-corpus", "300"]) == 0
     result = json.loads((out / "ar_calibration.json").read_text())
     assert result["config"]["steps"] == 2 and result["tasks"]["math"]["n"] == 1
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("tokenizer_corpus", 10**20, "pass --tokenizer-corpus in that range"),
+    ("vocab_size", 1 << 20, "a smaller --vocab-size"),
+    ("d_model", 10**8, "pass smaller --d-model"),
+])
+def test_sizes_that_would_hang_or_abort_are_refused_before_any_work(tmp_path, field, value, match):
+    """testbed-ar-calibration builds its model without `train`: it ran a huge tokenizer corpus inside the tokenizers
+    library past any time limit (found by the CLI fuzzing); it checks the config as `train` does."""
+    with pytest.raises(ValueError, match=match):
+        calibrate(TrainConfig(out=str(tmp_path / "run"), **{field: value}), n=1, progress=False)
+    assert not (tmp_path / "run").exists()

@@ -27,8 +27,9 @@ def _torch():
 def train_ar(cfg: TrainConfig, progress: bool = True):
     """A fresh backbone trained for ``cfg.steps`` next-token steps; returns (model, tokenizer, seconds)."""
     from tracelock.progress import progress_bar
-    from tracelock.testbed.train import Batches, _build, _lr, ar_loss, make_optimizer
+    from tracelock.testbed.train import Batches, _build, _lr, ar_loss, check_config, make_optimizer
 
+    check_config(cfg)
     torch = _torch()
     out = Path(cfg.out)
     if (out / "config.json").exists():

@@ -380,13 +380,9 @@ def _deterministic_algorithms():
         torch.use_deterministic_algorithms(previous, warn_only=warn_only)
 
 
-def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_after: int | None = None) -> Path:
-    """Run (or resume) training; returns the run folder, which holds the final weights when it completes.
-
-    ``stop_after`` ends the process-level run early after that step's state is saved (an interruption). A second
-    run into the same folder is refused while this one holds it.
-    """
-    # bad settings are refused before the run folder exists
+def check_config(cfg: TrainConfig) -> None:
+    """Refuse settings that are wrong, or that would hang or abort the process (a huge tokenizer corpus, vocabulary
+    or model), before any work: every command that builds a testbed model from a `TrainConfig` calls it."""
     if cfg.family not in FAMILIES:
         raise ValueError(f"family={cfg.family!r}: the testbed model is one of {', '.join(FAMILIES)}; pass --family "
                          "llada or --family dream")
@@ -416,6 +412,15 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
     if cfg.init is None and cfg.d_model % cfg.n_heads:
         raise ValueError(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}: pass --d-model a multiple "
                          "of --n-heads (the recipe's: 128 and 2)")
+
+
+def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_after: int | None = None) -> Path:
+    """Run (or resume) training; returns the run folder, which holds the final weights when it completes.
+
+    ``stop_after`` ends the process-level run early after that step's state is saved (an interruption). A second
+    run into the same folder is refused while this one holds it.
+    """
+    check_config(cfg)  # bad settings are refused before the run folder exists
     device = _training_device(cfg.device)
     with folder_lock(cfg.out):
         out = _train(cfg, device, resume, progress, stop_after)
