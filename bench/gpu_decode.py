@@ -53,6 +53,17 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+def start_run(args) -> tuple:
+    """(model, llada config, label, (gen, block, prompt_len, batches)) of a GPU session script's run: ``args.out``
+    made, a CUDA device required unless ``args.dry_run``, one torch thread on a dry run's CPU."""
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    if not args.dry_run and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --dry-run on a CPU")
+    torch.set_num_threads(1 if args.dry_run else torch.get_num_threads())
+    model, config, label = load_shape(args.shape, args.dry_run, args.out)
+    return model, config, label, sizes(args.dry_run)
+
+
 def load_shape(name: str, dry_run: bool, out) -> tuple:
     """(model, official config dict, label) of ``name`` (``tracelock.models.shapes.SHAPES``): random bf16 weights on
     CUDA, or in a dry run the micro checkpoint of the same family on the CPU (written under ``out``)."""

@@ -119,12 +119,7 @@ def main(argv=None):
     parser.add_argument("--dry-run", action="store_true", help="CPU, micro checkpoint, tiny shapes (default: off)")
     args = parser.parse_args(argv)
     budget = Budget(args.budget)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    if not args.dry_run and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: run with --dry-run on a CPU")
-    torch.set_num_threads(1 if args.dry_run else torch.get_num_threads())
-    model, config, label = gpu_decode.load_shape(args.shape, args.dry_run, args.out)
-    gen, block, prompt_len, batches = gpu_decode.sizes(args.dry_run)
+    model, config, label, (gen, block, prompt_len, batches) = gpu_decode.start_run(args)
     # a dry run's blocks of 8 keep two steps per block at k = 4 (Fast-dLLM's dual cache indexes past its schedule
     # when a block has one step)
     block = 8 if args.dry_run else block

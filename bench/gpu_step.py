@@ -280,12 +280,7 @@ def main(argv=None):
     parser.add_argument("--dry-run", action="store_true", help="CPU, micro checkpoint, tiny shapes (default: off)")
     args = parser.parse_args(argv)
     budget = Budget(args.budget)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    if not args.dry_run and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: run with --dry-run on a CPU")
-    torch.set_num_threads(1 if args.dry_run else torch.get_num_threads())
-    model, _, label = gpu_decode.load_shape(args.shape, args.dry_run, args.out)
-    gen, block, prompt_len, batches = gpu_decode.sizes(args.dry_run)
+    model, _, label, (gen, block, prompt_len, batches) = gpu_decode.start_run(args)
     prompt = gpu_decode.random_prompts(model, 1, prompt_len)[0]
     settings = dict(gpu_decode.RULE, gen_length=gen, block=block)
     device = model.device
