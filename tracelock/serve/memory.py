@@ -10,6 +10,7 @@ glibc.
 """
 
 import ctypes
+import functools
 import os
 import sys
 
@@ -18,6 +19,7 @@ MMAP_THRESHOLD = 128 * 1024  # glibc's own starting value, kept from rising
 ARENA_MAX = 2  # the event loop's and the decode thread's: memory one thread frees is reused by the other
 
 
+@functools.cache  # opened once: release_free_memory runs each time the server goes idle
 def _glibc():
     if not sys.platform.startswith("linux"):
         return None

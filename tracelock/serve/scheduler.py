@@ -180,14 +180,19 @@ class Scheduler:
     def _running(self) -> int:
         return sum(len(lane.rows) for lane in self._lanes.values())
 
+    def _has_work(self) -> bool:
+        """Anything for the decode thread to do (under the lock): a stop, new or cancelled requests, rows running or
+        waiting."""
+        return bool(self._stopping or self._inbox or self._cancels or self._running() or self._waiting)
+
     def _run(self) -> None:
         try:
             while True:
                 with self._cv:
                     # waiting rows with none running: rows a failed step sent back (see _isolate)
-                    if not (self._stopping or self._inbox or self._cancels or self._running() or self._waiting):
+                    if not self._has_work():
                         release_free_memory()  # going idle: return the freed heap pages
-                    while not (self._stopping or self._inbox or self._cancels or self._running() or self._waiting):
+                    while not self._has_work():
                         self._cv.wait()
                     if self._stopping:
                         break

@@ -61,7 +61,6 @@ def testbed_parameters(cfg) -> int:
     return 2 * vocab * d + cfg.max_positions * d + cfg.n_layers * (4 * d * d + 3 * d * cfg.mlp)
 
 
-
 def _weights_config(config: dict) -> dict:
     """The settings that determine the weights (JSON-normalised), for the resume check.
 
