@@ -90,6 +90,22 @@ def test_resume_after_a_kill_gives_the_uninterrupted_result(micro, tmp_path):
     assert without_seconds(cut) == without_seconds(whole)
 
 
+def test_one_setting_per_call_adds_up_to_one_frontier(micro, tmp_path):
+    """A long sweep split into calls (one setting each, same draw) leaves one frontier.json with every cell; a call
+    judged otherwise (another tolerance; another draw of items is refused by the run folders) starts over."""
+    sweeps = [parse_sweep("confidence:per_step=2")]
+    args = dict(ARGS, settings=[Setting(16, 8)])
+    first = run_frontier(micro, sweeps=sweeps, out=tmp_path, **args)["tasks"]["testbed:math"]["16/8"]
+    both = run_frontier(micro, sweeps=sweeps, out=tmp_path, **dict(args, settings=[Setting(16, 4)]))
+    assert set(both["tasks"]["testbed:math"]) == {"16/8", "16/4"} and both["seed"] == 0
+    assert both["tasks"]["testbed:math"]["16/8"] == first
+    assert set(json.loads((tmp_path / "records.json").read_text())["testbed:math"]) == {"16/8", "16/4"}
+    assert json.loads((tmp_path / "frontier.json").read_text()) == both
+    other = run_frontier(micro, sweeps=sweeps, out=tmp_path, tolerance=0.02, **args)
+    assert set(other["tasks"]["testbed:math"]) == {"16/8"}
+    assert set(json.loads((tmp_path / "records.json").read_text())["testbed:math"]) == {"16/8"}
+
+
 def test_the_verdict_is_recomputed_from_the_records_alone(micro, tmp_path):
     """A learned curve (here Learn2PD's rule stood in by a titled copy of the threshold's records) is judged against
     the heuristics from records.json, as `python -m tracelock.eval.matched` does."""

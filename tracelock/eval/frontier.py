@@ -290,7 +290,8 @@ def run_frontier(model, tasks: list, settings: list, sweeps: list, out, *, split
                  controller=None, l2p=None, batch_size=32, seed=0, schedule="auto", device="cpu", dtype="float32",
                  workers=2, progress=None, command=None) -> dict:
     """Decode every sweep point (and the family's reference rule at one token per step) on each task and setting;
-    write ``frontier.json``, ``frontier.csv`` and ``frontier.png`` in ``out``; return the result."""
+    write ``frontier.json``, ``frontier.csv`` and ``frontier.png`` in ``out`` (with the cells an earlier call left there
+    on the same draw of items); return the result."""
     from tracelock.eval.runner import run_eval
 
     if split not in SPLITS:
@@ -307,10 +308,10 @@ def run_frontier(model, tasks: list, settings: list, sweeps: list, out, *, split
         check_policies([p for sw in sweeps for p in sw.points(setting)], [setting], schedule, controller=controller,
                        l2p=l2p)
     out = Path(out)
-    records = {}
-    result = dict(model=str(model), family=family, split=split, limit=limit, tolerance=tolerance,
+    result = dict(model=str(model), family=family, split=split, limit=limit, seed=seed, tolerance=tolerance,
                   reference_rule=reference_sweep(ref_name, ref_args).curve + ", one token per step", command=command,
                   machine=_machine(device), tasks={})
+    result["tasks"], records = _earlier_cells(out, result)
     for task in tasks:
         if not task.startswith("testbed:") and split != "test":
             raise ValueError(f"--split {split}: only testbed tasks have a validation split; {task!r} has one set")
@@ -337,6 +338,24 @@ def run_frontier(model, tasks: list, settings: list, sweeps: list, out, *, split
     png = frontier_figure(result)
     atomic_write(out / "frontier.png", lambda p: Path(p).write_bytes(png))
     return result
+
+
+# what makes an earlier call's cells comparable with this one's: the same items, judged the same way
+_SAME_DRAW = ("model", "family", "split", "limit", "seed", "tolerance")
+
+
+def _earlier_cells(out: Path, result: dict) -> tuple[dict, dict]:
+    """The task/setting cells (and their records) an earlier call wrote in ``out`` on the same draw of items, so
+    that one setting per call (a long sweep split into runs) adds up to one frontier.json; a cell this call decodes
+    again replaces its old one. Anything else in ``out`` (another draw, an older format) is left to be overwritten."""
+    try:
+        earlier = json.loads((out / "frontier.json").read_text())
+        records = json.loads((out / "records.json").read_text())
+    except (OSError, ValueError):
+        return {}, {}
+    if any(earlier.get(k) != result[k] for k in _SAME_DRAW):
+        return {}, {}
+    return earlier.get("tasks", {}), records
 
 
 def steps_cell(d: dict, curve: str, seconds_digits: int | None = None) -> str:
