@@ -7,9 +7,12 @@
 #     ST=runs/recipe-llada/st/controller bash bench/testbed_frontier.sh
 #   MODEL=testbed WORK=runs/verdict-llada ST=tracelock/testbed/controller-llada SEED=2026 \
 #     bash bench/testbed_frontier.sh      # the shipped controller only (the verdict's TraceLock-ST)
+#   MODEL=testbed WORK=runs/verdict-llada SEED=2026 bash bench/testbed_frontier.sh   # the heuristics and Learn2PD
+#     only: their points do not depend on a controller, so they can run while one is chosen (a later call with ST
+#     resumes them and adds the TraceLock curves to the same frontier.json)
 #
-# Environment: MODEL, WORK (the study folder: l2p/ is read and completed there), CONTROLLER (optional) and ST
-# (TraceLock and TraceLock-ST run folders), OUT ($WORK/frontier-test), LIMIT (500 items per task, a random draw with SEED, 0),
+# Environment: MODEL, WORK (the study folder: l2p/ is read and completed there), CONTROLLER and ST (optional:
+# TraceLock and TraceLock-ST run folders), OUT ($WORK/frontier-test), LIMIT (500 items per task, a random draw with SEED, 0),
 # SETTINGS (64/16,64/32,128/32,128/64), PER_STEP, TAUS, L2P_THRESHOLDS, THETAS (the grids), N_TRAIN (200: Learn2PD's
 # training items), ST_VARIANT (tracelock policy arguments, e.g. hold_end=true:fallback=confidence: a second
 # TraceLock-ST curve with them, "TraceLock-ST (variant)"), BATCH (50 rows per decode call), JOBS (2: math and code decoded side by side, one torch thread each; 1: one after the other).
@@ -21,7 +24,7 @@ set -euo pipefail
 MODEL=${MODEL:-testbed}
 WORK=${WORK:?set WORK to the recipe study folder}
 CONTROLLER=${CONTROLLER:-}
-ST=${ST:?set ST to the TraceLock-ST controller folder}
+ST=${ST:-}
 OUT=${OUT:-$WORK/frontier-test}
 LIMIT=${LIMIT:-500}
 SEED=${SEED:-0}
@@ -34,16 +37,20 @@ N_TRAIN=${N_TRAIN:-200}
 BATCH=${BATCH:-50}
 JOBS=${JOBS:-2}
 export OMP_NUM_THREADS=1
-ST=$(realpath "$ST"); OUT=$(realpath -m "$OUT")
+OUT=$(realpath -m "$OUT")
 FAMILY=$(python -c "import sys; from tracelock.eval.frontier import _family; print(_family(sys.argv[1]))" "$MODEL")
 RULE=confidence
 PEERS=()
-PLAIN=()   # the other TraceLock curves: the ST variant, the supervised controller (CONTROLLER)
-if [ -n "${ST_VARIANT:-}" ]; then
-  PLAIN+=(--sweep "tracelock:theta=$THETAS:controller=$ST:$ST_VARIANT:curve=TraceLock-ST (variant)")
+LEARNED=()   # the TraceLock curves: TraceLock-ST (ST), its variant (ST_VARIANT), the supervised controller (CONTROLLER)
+if [ -n "$ST" ]; then
+  ST=$(realpath "$ST")
+  if [ -n "${ST_VARIANT:-}" ]; then
+    LEARNED+=(--sweep "tracelock:theta=$THETAS:controller=$ST:$ST_VARIANT:curve=TraceLock-ST (variant)")
+  fi
+  LEARNED+=(--sweep "tracelock:theta=$THETAS:controller=$ST:curve=TraceLock-ST")
 fi
 if [ -n "$CONTROLLER" ]; then
-  PLAIN+=(--sweep "tracelock:theta=$THETAS:controller=$(realpath "$CONTROLLER"):curve=TraceLock")
+  LEARNED+=(--sweep "tracelock:theta=$THETAS:controller=$(realpath "$CONTROLLER"):curve=TraceLock")
 fi
 if [ "$FAMILY" = dream ]; then
   RULE=confidence:score=neg_entropy
@@ -67,8 +74,7 @@ frontier() {  # tasks
     --settings "$SETTINGS" --l2p "$PWD/l2p" --batch-size "$BATCH" --workers 1 --threads 1 --out "$OUT" \
     --sweep "$RULE:per_step=$PER_STEP" --sweep "threshold:tau=$TAUS" "${PEERS[@]}" \
     --sweep "l2p:threshold=$L2P_THRESHOLDS" \
-    "${PLAIN[@]}" \
-    --sweep "tracelock:theta=$THETAS:controller=$ST:curve=TraceLock-ST"
+    "${LEARNED[@]}"
 }
 say "frontier (test) -> $OUT"
 if [ "$JOBS" -ge 2 ]; then
