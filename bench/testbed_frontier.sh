@@ -13,7 +13,7 @@
 #
 # Environment: MODEL, WORK (the study folder: l2p/ is read and completed there), CONTROLLER and ST (optional:
 # TraceLock and TraceLock-ST run folders), OUT ($WORK/frontier-test), LIMIT (500 items per task, a random draw with SEED, 0),
-# SETTINGS (64/16,64/32,128/32,128/64), PER_STEP, TAUS, L2P_THRESHOLDS, THETAS (the grids), N_TRAIN (200: Learn2PD's
+# SETTINGS (64/16,64/32,128/32,128/64), PER_STEP, TAUS, L2P_THRESHOLDS, THETAS (the grids; theta as dense as tau where the curves move), N_TRAIN (200: Learn2PD's
 # training items), ST_VARIANT (tracelock policy arguments, e.g. hold_end=true:fallback=confidence: a second
 # TraceLock-ST curve with them, "TraceLock-ST (variant)"), BATCH (50 rows per decode call), JOBS (2: math and code decoded side by side, one torch thread each; 1: one after the other).
 # The family's one-per-step rule (LLaDA: confidence; Dream: neg-entropy, one token per step) is swept along
@@ -32,7 +32,7 @@ SETTINGS=${SETTINGS:-64/16,64/32,128/32,128/64}
 PER_STEP=${PER_STEP:-1,2,4}
 TAUS=${TAUS:-0.5,0.55,0.6,0.65,0.7,0.75,0.8,0.85,0.9,0.95}
 L2P_THRESHOLDS=${L2P_THRESHOLDS:-0.8,0.9,0.96}
-THETAS=${THETAS:-0.3,0.5,0.7,0.8,0.9,0.95,0.99}
+THETAS=${THETAS:-0.3,0.5,0.55,0.6,0.65,0.7,0.75,0.8,0.85,0.9,0.95,0.99}
 N_TRAIN=${N_TRAIN:-200}
 BATCH=${BATCH:-50}
 JOBS=${JOBS:-2}

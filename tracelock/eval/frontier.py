@@ -38,7 +38,9 @@ DEFAULT_SWEEPS = {
     "threshold": ("tau", (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)),
     "factor": ("f", (0.5, 1.0, 2.0, 4.0)),
     "l2p": ("threshold", (0.5, 0.8, 0.9, 0.96, 0.99)),
-    "tracelock": ("theta", (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)),
+    # as dense as tau where the curve moves: accuracy at matched steps reads a curve only at its points, so a gap in
+    # the grid (theta 0.5 to 0.7 jumped from 8.6 to 20.3 steps) counts against it as if the method could not go there
+    "tracelock": ("theta", (0.3, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.99)),
 }
 # the schedule rules: `per_step` tokens per step is their `steps` argument at each generation length
 PER_STEP_POLICIES = ("confidence", "entropy", "maskgit_plus", "topk_margin", "random", "origin")
