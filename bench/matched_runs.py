@@ -9,6 +9,9 @@ at matched steps against the strongest heuristic and its steps to the heuristics
 
     python bench/matched_runs.py runs/a/runs/64-16/confidence runs/a/runs/64-16/threshold-tau-0.9 ... \
         -- runs/b/runs/64-16/tracelock-theta-0.9 runs/b/runs/64-16/tracelock-theta-0.95
+
+``--records FILE`` (first) also writes every folder's per-item record, pairable: the item ids once, and per folder
+(named ``<run folder>/<policy folder>``) a 0/1 string (correct) and the steps, in id order.
 """
 
 import json
@@ -16,6 +19,7 @@ import re
 import sys
 from pathlib import Path
 
+from tracelock.atomic import atomic_write_json
 from tracelock.eval.items import folder_items
 from tracelock.eval.matched import Curve, verdict
 
@@ -36,11 +40,26 @@ def group(folders: list, pattern: str) -> dict:
     return out
 
 
+def records(folders: list) -> dict:
+    """The folders' per-item records on their common items: ids once, a 0/1 string and the steps per folder."""
+    items = {f"{Path(f).parents[2].name}/{Path(f).name}": folder_items(Path(f)) for f in folders}
+    ids = sorted(set.intersection(*(set(r) for r in items.values())))
+    return dict(ids=ids, points={name: dict(correct="".join("1" if r[i]["correct"] else "0" for i in ids),
+                                            steps=[r[i]["steps"] for i in ids]) for name, r in items.items()})
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    out = None
+    if argv[:1] == ["--records"]:
+        if len(argv) < 2:
+            raise SystemExit("--records needs a file name")
+        out, argv = argv[1], argv[2:]
     if "--" not in argv:
-        raise SystemExit("usage: matched_runs.py HEURISTIC_FOLDER... -- POLICY_FOLDER...")
+        raise SystemExit("usage: matched_runs.py [--records FILE] HEURISTIC_FOLDER... -- POLICY_FOLDER...")
     cut = argv.index("--")
+    if out:
+        atomic_write_json(out, records(argv[:cut] + argv[cut + 1:]))
     heuristics = [curve(n, fs) for n, fs in group(argv[:cut], r"-(tau|per-step)-[0-9.]+").items()]
     rows = {}
     for name, folders in group(argv[cut + 1:], r"-theta-[0-9.]+").items():
