@@ -25,10 +25,11 @@ from tracelock.text import answer_ids, encode_prompt, encode_text  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BLOCK, MAX_BATCH = 16, 4
-SERVER = ["--model", "testbed", "--policy", "threshold:tau=0.9,confidence", "--block", str(BLOCK), "--max-tokens",
+SERVER = ["--model", "testbed", "--policy", "threshold:tau=0.9,confidence,confidence:per_step=2", "--block", str(BLOCK), "--max-tokens",
           "64", "--default-max-tokens", "32", "--max-batch", str(MAX_BATCH), "--threads", "1"]
 SETTINGS = {"threshold:tau=0.9": dict(policy="threshold", policy_args={"tau": 0.9}),
-            "confidence": dict(policy="confidence")}
+            "confidence": dict(policy="confidence"),
+            "confidence:per_step=2": dict(policy="confidence", policy_args={"per_step": 2})}
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,7 @@ def chat(client, prompt, **kw):
 def test_models_health_and_metrics(base_url, client):
     models = client.models.list().data
     assert [m.id for m in models] == ["testbed"]
-    assert models[0].model_extra["policies"] == ["threshold:tau=0.9", "confidence"]
+    assert models[0].model_extra["policies"] == ["threshold:tau=0.9", "confidence", "confidence:per_step=2"]
     assert get(base_url.removesuffix("/v1") + "/health") == (200, '{"status":"ok"}')
     text = metrics(base_url)["text"]
     for name in ("requests_total", "generated_tokens_total", "decode_steps_total", "batch_occupancy",
@@ -147,6 +148,20 @@ def test_max_tokens_maps_to_the_block_multiple_and_stop_cuts(client, testbed, pr
         else:
             content, reason = reply.choices[0].message.content, reply.choices[0].finish_reason
         assert content == full.split("\n")[0] and reason == "stop"
+
+
+def test_tokens_per_step_follow_the_generation_length(client, testbed, prompts):
+    """``per_step=2``: two tokens a step at whatever generation length a request's max_tokens maps to."""
+    _, tok = testbed
+    ids = encode_prompt(tok, prompts[3])
+    for max_tokens, gen_length in ((64, 64), (20, 32)):
+        got = chat(client, prompts[3], max_tokens=max_tokens, extra_body={"policy": "confidence:per_step=2"})
+        text, answer = offline(testbed, ids, gen_length, "confidence:per_step=2", max_tokens)
+        assert got.choices[0].model_extra["token_ids"] == answer and got.choices[0].message.content == text
+        steps = got.usage.model_extra["steps"]
+        assert got.usage.model_extra["gen_length"] == gen_length
+        # a row cut at max_tokens leaves once its first max_tokens tokens are fixed, before the last step
+        assert steps == gen_length // 2 if max_tokens == gen_length else steps < gen_length // 2
 
 
 def test_batch_invariance_under_continuous_batching(base_url, client, testbed, prompts):

@@ -73,6 +73,15 @@ def test_policies_and_max_tokens():
         assert err.value.param == param
     with pytest.raises(APIError, match="more than this server allows"):
         cfg.gen_length(policies[0], 65)
+    # tokens per step: the steps follow each request's generation length; per_step must divide the width
+    per_step = parse_served_policies("confidence:per_step=2", block=16, window=None, cache=None)[0]
+    assert per_step.args == {"per_step": 2} and per_step.policy_args(48) == {"steps": 24}
+    with pytest.raises(ValueError, match=r"--policy confidence:per_step=3: .*per_step=3 does not divide.*width 16"):
+        ServeConfig("m", parse_served_policies("confidence:per_step=3", block=16, window=None, cache=None),
+                    max_positions=512)
+    with pytest.raises(ValueError, match="--gen-lengths 24 does not suit policy confidence:per_step=16"):
+        ServeConfig("m", parse_served_policies("confidence:per_step=16:window=8", block=None, window=8, cache=None),
+                    max_positions=512, max_tokens=24, gen_lengths=(16, 24))
     with pytest.raises(ValueError, match="--policy: oracle"):
         parse_served_policies("confidence,oracle", block=16, window=None, cache=None)
     with pytest.raises(ValueError, match="refresh_shift"):

@@ -39,6 +39,12 @@ class ServedPolicy:
     def width(self) -> int:
         return self.decode.get("block") or self.decode["window"]
 
+    def policy_args(self, gen_length: int) -> dict:
+        """The policy's own arguments at a generation length (``per_step=k`` becomes ``steps=gen_length // k``)."""
+        from tracelock.policies import with_steps
+
+        return with_steps(self.name, self.args, gen_length)
+
 
 def parse_served_policies(text: str, *, block: int | None, window: int | None, cache: str | None) -> list:
     """The `ServedPolicy` list of ``--policy`` (comma-separated ``name[:key=value...]``; the first is the default).
@@ -97,6 +103,13 @@ class ServeConfig:
         from tracelock.decode.schedule import validate_schedule
 
         self.by_label = {p.label: p for p in self.policies}
+        for p in self.policies:
+            if "per_step" in p.args and self.gen_lengths is None:
+                try:  # every generation length is then a multiple of the width: per_step must divide it
+                    p.policy_args(p.width)
+                except ValueError as err:
+                    raise ValueError(f"--policy {p.label}: {err} (every generation length is a multiple of the "
+                                     f"block / window width {p.width})") from None
         if self.gen_lengths is not None:
             self.gen_lengths = tuple(sorted(set(self.gen_lengths)))
             if self.max_tokens > self.gen_lengths[-1]:
@@ -106,6 +119,7 @@ class ServeConfig:
                 for g in self.gen_lengths:
                     try:
                         validate_schedule(g, p.decode.get("block"), p.decode.get("window"))
+                        p.policy_args(g)
                     except ValueError as err:
                         raise ValueError(f"--gen-lengths {g} does not suit policy {p.label}: {err}") from None
 

@@ -233,8 +233,9 @@ class Scheduler:
             del self._lanes[idle]
         served = sub.policy
         # a policy object per engine: an engine sets it up for its own generation length
-        policy = build_policy(PolicySpec(served.label, served.name, served.args), self.model,
-                              controller=self.controller, l2p=self.l2p)
+        args = served.policy_args(setting.gen_length)
+        policy = build_policy(PolicySpec(served.label, served.name, args), self.model, controller=self.controller,
+                              l2p=self.l2p)
         engine = DecodeEngine(self.model, policy=policy, gen_length=setting.gen_length,
                               slots=1 if sub.alone else self.max_batch, prompt_len=bucket,
                               temperature=setting.temperature, seed=setting.seed, compile=self.compile,
