@@ -25,8 +25,8 @@ from tracelock.text import answer_ids, encode_prompt, encode_text  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BLOCK, MAX_BATCH = 16, 4
-SERVER = ["--model", "testbed", "--policy", "threshold:tau=0.9,confidence,confidence:per_step=2", "--block", str(BLOCK), "--max-tokens",
-          "64", "--default-max-tokens", "32", "--max-batch", str(MAX_BATCH), "--threads", "1"]
+SERVER = ["--model", "testbed", "--policy", "threshold:tau=0.9,confidence,confidence:per_step=2", "--block", str(BLOCK),
+          "--max-tokens", "64", "--default-max-tokens", "32", "--max-batch", str(MAX_BATCH), "--threads", "1"]
 SETTINGS = {"threshold:tau=0.9": dict(policy="threshold", policy_args={"tau": 0.9}),
             "confidence": dict(policy="confidence"),
             "confidence:per_step=2": dict(policy="confidence", policy_args={"per_step": 2})}
