@@ -201,17 +201,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tracelock.eval.matched", description=main.__doc__)
     p.add_argument("folder", help="a `tracelock frontier --out` folder, or one with its frontier.json and records.json")
     p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default: 1000)")
-    p.add_argument("--figure", metavar="PNG", help="also draw the cells that have a learned curve to this file")
     args = p.parse_args(argv)
-    result = recompute_matched(args.folder, resamples=args.resamples)
-    print(format_matched(result))
-    if args.figure:
-        from tracelock.atomic import atomic_write
-        from tracelock.eval.frontier import frontier_figure  # it imports this module
-
-        judged = {t: {s: d for s, d in cells.items() if d["matched"]} for t, cells in result["tasks"].items()}
-        png = frontier_figure(dict(result, tasks={t: cells for t, cells in judged.items() if cells}))
-        atomic_write(args.figure, lambda path: Path(path).write_bytes(png))
+    print(format_matched(recompute_matched(args.folder, resamples=args.resamples)))
     return 0
 
 
