@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from tracelock.atomic import atomic_write_json
-from tracelock.eval.items import folder_items
+from tracelock.eval.items import compact_records, folder_items
 from tracelock.eval.matched import Curve, verdict
 
 
@@ -42,10 +42,7 @@ def group(folders: list, pattern: str) -> dict:
 
 def records(folders: list) -> dict:
     """The folders' per-item records on their common items: ids once, a 0/1 string and the steps per folder."""
-    items = {f"{Path(f).parents[2].name}/{Path(f).name}": folder_items(Path(f)) for f in folders}
-    ids = sorted(set.intersection(*(set(r) for r in items.values())))
-    return dict(ids=ids, points={name: dict(correct="".join("1" if r[i]["correct"] else "0" for i in ids),
-                                            steps=[r[i]["steps"] for i in ids]) for name, r in items.items()})
+    return compact_records({f"{Path(f).parents[2].name}/{Path(f).name}": folder_items(Path(f)) for f in folders})
 
 
 def main(argv=None) -> int:

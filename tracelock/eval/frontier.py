@@ -173,13 +173,9 @@ def pareto(points: list) -> list[bool]:
 def setting_records(runs: Path, policies: list) -> dict:
     """The compact per-item record of one setting's points: the item ids once, and per point label a string of
     0/1 (correct) and the list of steps, in id order, so any two points pair item by item."""
-    from tracelock.eval.items import folder_items
+    from tracelock.eval.items import compact_records, folder_items
 
-    per_point = {p.label: folder_items(runs / p.slug) for p in policies}
-    ids = sorted(set.intersection(*(set(r) for r in per_point.values())))
-    return dict(ids=ids, points={label: dict(correct="".join("1" if r[i]["correct"] else "0" for i in ids),
-                                              steps=[r[i]["steps"] for i in ids])
-                                 for label, r in per_point.items()})
+    return compact_records({p.label: folder_items(runs / p.slug) for p in policies})
 
 
 def _family(model_path) -> str:

@@ -58,3 +58,12 @@ def folder_items(folder: Path) -> dict:
     for path in sorted(folder.glob("items-rank*.jsonl")):
         records.update(read_items(path))
     return records
+
+
+def compact_records(per_point: dict) -> dict:
+    """``{label: {id: record}}`` as the compact, pairable per-item record: the ids every point holds, once, and per
+    label a string of 0/1 (correct) and the list of steps, in id order."""
+    ids = sorted(set.intersection(*(set(r) for r in per_point.values())))
+    return dict(ids=ids, points={label: dict(correct="".join("1" if r[i]["correct"] else "0" for i in ids),
+                                              steps=[r[i]["steps"] for i in ids])
+                                 for label, r in per_point.items()})
