@@ -115,6 +115,19 @@ def test_prometheus_text():
     assert all(line.startswith(("# HELP", "# TYPE", "tracelock_")) for line in text.splitlines())
 
 
+def test_per_step_with_gen_lengths_the_width_does_not_hold():
+    """per_step=16 in a window of 8 is fine when every served generation length is a multiple of 16: the start-up
+    build uses a generation length the server runs, not the width."""
+    from tracelock.cli import build_parser
+    from tracelock.serve.cli import build_state
+
+    args = build_parser().parse_args(["serve", "--model", "testbed", "--policy", "confidence:per_step=16",
+                                      "--window", "8", "--gen-lengths", "16,32", "--max-tokens", "32", "--port", "0",
+                                      "--threads", "1"])
+    state = build_state(args)
+    assert state.config.policies[0].policy_args(32) == {"steps": 2}
+
+
 @pytest.mark.parametrize("args, message", [
     (["--policy", "threshold,oracle"], "--policy: oracle replays reference tokens and cannot be served"),
     (["--policy", "threshold:tau=0.9:schedule=full"], "set the schedule with block=N or window=N"),

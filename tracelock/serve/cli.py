@@ -93,7 +93,8 @@ def build_state(args):
     tokenizer = load_tokenizer(args.model)
     config = serve_config(args, model.spec.max_positions)
     for p in config.policies:  # a policy that cannot be built (e.g. tracelock without --controller) fails now
-        build_policy(PolicySpec(p.label, p.name, p.policy_args(p.width)), model, controller=args.controller,
+        gen_length = config.gen_lengths[0] if config.gen_lengths else p.width  # one the server runs
+        build_policy(PolicySpec(p.label, p.name, p.policy_args(gen_length)), model, controller=args.controller,
                      l2p=args.l2p)
     metrics = Metrics(args.max_batch)
     scheduler = Scheduler(model, tokenizer, max_batch=args.max_batch, metrics=metrics, controller=args.controller,
