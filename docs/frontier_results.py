@@ -1,6 +1,5 @@
-"""Draw docs/frontier.png, the README's picture, and print the steps-at-reference tables (docs/frontier.md's, then
-the README's: math / code in one cell), from the test-split frontiers in bench/results/ (`bench/testbed_frontier.sh`
-on each bundled model).
+"""Draw docs/frontier.png and print the steps-at-reference table of the first, superseded test frontier (the first N
+test items; docs/history.md), from its results in bench/results/ (`bench/testbed_frontier.sh` on each bundled model).
 
     python docs/frontier_results.py [OUT.png]
 
@@ -22,10 +21,6 @@ MODELS = [("LLaDA-family", ["frontier-testbed-gen64.json", "frontier-testbed-gen
           ("Dream-family", ["frontier-testbed-dream-gen64.json", "frontier-testbed-dream-gen128.json"])]
 CURVES = ["threshold", "l2p", "TraceLock", "TraceLock-ST"]  # the table's columns, after the reference rule
 NAMES = {"threshold": "Fast-dLLM", "l2p": "Learn2PD", "confidence": "confidence", "entropy": "entropy"}
-# the README's rows: the Dream-family frontiers were measured against Dream's `entropy` count as the reference (it
-# commits 0, then 2 tokens per block), not one token per step, so they stay in docs/frontier.md only
-README_MODELS = ("LLaDA-family",)
-
 
 def merged() -> dict:
     """One frontier result whose tasks are "<model> <task>" over every file of MODELS."""
@@ -51,22 +46,8 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def readme_table(result: dict) -> str:
-    """A row per model and setting, each cell "math / code"."""
-    lines = ["| model | setting | one per step | " + " | ".join(NAMES.get(c, c) for c in CURVES) + " |",
-             "|---" * (3 + len(CURVES)) + "|"]
-    for label in README_MODELS:
-        math, code = (result["tasks"][f"{label} {t}"] for t in ("math", "code"))
-        for setting in math:
-            m, c = math[setting], code[setting]
-            ref = f"{100 * m['reference']['metric']:.0f}% / {100 * c['reference']['metric']:.0f}%"
-            cells = [" / ".join(steps_cell(d, name, seconds_digits=2) for d in (m, c)) for name in CURVES]
-            lines.append(f"| {label} | {setting} | {ref} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":
     result = merged()
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "frontier.png"
     out.write_bytes(frontier_figure(result))
-    print(table(result) + "\n\n" + readme_table(result))
+    print(table(result))
