@@ -74,13 +74,24 @@ def test_the_frontier_picture_and_tables_are_drawn_from_the_results(tmp_path):
     assert detailed in (ROOT / "docs" / "history.md").read_text()
 
 
-def test_the_readme_verdict_is_recomputed_from_the_committed_records():
+@pytest.mark.parametrize(("family", "png"), [("llada", "verdict.png"), ("dream", "verdict-dream.png")])
+def test_the_verdict_pictures_are_drawn_from_the_committed_records(tmp_path, family, png):
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "verdict_figure.py"),
+                           str(ROOT / "bench" / "results" / f"verdict-testbed-{family}"), str(tmp_path / png)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (ROOT / "docs" / png).exists()
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_the_readme_verdict_is_recomputed_from_the_committed_records(family):
     """Every TraceLock-ST cell of the README's verdict table is what `python -m tracelock.eval.matched` computes from
-    bench/results/verdict-testbed-llada (its records, 1000 paired resamples, seed 0)."""
+    bench/results/verdict-testbed-<family> (its records, 1000 paired resamples, seed 0)."""
     from tracelock.eval.matched import _interval_cell, recompute_matched
 
-    result = recompute_matched(ROOT / "bench" / "results" / "verdict-testbed-llada")
+    result = recompute_matched(ROOT / "bench" / "results" / f"verdict-testbed-{family}")
     readme = README.read_text()
+    model = {"llada": "LLaDA", "dream": "Dream"}[family]
     cells = 0
     for task, settings in result["tasks"].items():
         for setting, d in settings.items():
@@ -88,7 +99,7 @@ def test_the_readme_verdict_is_recomputed_from_the_committed_records():
             if v is not None:
                 gap = _interval_cell(v["gap"], v["gap_interval"], 100, sign=True)
                 row = next(line for line in readme.splitlines()
-                           if line.startswith(f"| {setting} | {task.split(':')[1]} | {gap}"))
+                           if line.startswith(f"| {model} | {setting} | {task.split(':')[1]} | {gap}"))
                 steps = v["steps_to_target"]
                 assert (_interval_cell(steps, v["steps_to_target_interval"]) if steps is not None else "| never") in row
                 cells += 1
