@@ -106,6 +106,23 @@ def test_one_setting_per_call_adds_up_to_one_frontier(micro, tmp_path):
     assert set(json.loads((tmp_path / "records.json").read_text())["testbed:math"]) == {"16/8"}
 
 
+def test_every_cell_names_the_machine_that_decoded_it(micro, tmp_path):
+    """Cells added up from calls on two machines (the CPU's cells, then a GPU's) each keep their own machine; a file
+    written before cells had one gives its cells the file's machine."""
+    sweeps = [parse_sweep("confidence:per_step=2")]
+    args = dict(ARGS, settings=[Setting(16, 8)])
+    run_frontier(micro, sweeps=sweeps, out=tmp_path, **args)
+    path = tmp_path / "frontier.json"
+    old = json.loads(path.read_text())
+    assert old["tasks"]["testbed:math"]["16/8"]["machine"] == old["machine"]
+    del old["tasks"]["testbed:math"]["16/8"]["machine"]  # the older format, from another machine
+    old["machine"] = dict(old["machine"], processor="another CPU")
+    path.write_text(json.dumps(old))
+    both = run_frontier(micro, sweeps=sweeps, out=tmp_path, **dict(args, settings=[Setting(16, 4)]))
+    assert both["tasks"]["testbed:math"]["16/8"]["machine"]["processor"] == "another CPU"
+    assert both["tasks"]["testbed:math"]["16/4"]["machine"] == both["machine"] != old["machine"]
+
+
 def test_the_verdict_is_recomputed_from_the_records_alone(micro, tmp_path):
     """A learned curve (here Learn2PD's rule stood in by a titled copy of the threshold's records) is judged against
     the heuristics from records.json, as `python -m tracelock.eval.matched` does."""

@@ -329,6 +329,7 @@ def run_frontier(model, tasks: list, settings: list, sweeps: list, out, *, split
             recs = setting_records(folder / "runs" / setting.slug, policies)
             records.setdefault(task, {})[setting.label] = recs
             summary["matched"] = matched_from_records(recs, summary["curves"], tolerance=tolerance)
+            summary["machine"] = result["machine"]  # per cell: one frontier.json can add up calls on other machines
             result["tasks"].setdefault(task, {})[setting.label] = summary
     atomic_write_json(out / "records.json", records)
     atomic_write_json(out / "frontier.json", result)
@@ -353,7 +354,11 @@ def _earlier_cells(out: Path, result: dict) -> tuple[dict, dict]:
         return {}, {}
     if any(earlier.get(k) != result[k] for k in _SAME_DRAW):
         return {}, {}
-    return earlier.get("tasks", {}), records
+    cells = earlier.get("tasks", {})
+    for task_cells in cells.values():  # cells of a file from before the per-cell machine: the file's machine
+        for cell in task_cells.values():
+            cell.setdefault("machine", earlier.get("machine"))
+    return cells, records
 
 
 def steps_cell(d: dict, curve: str, seconds_digits: int | None = None) -> str:

@@ -107,13 +107,26 @@ def decode(model, tokenizer, items, *, policy, policy_args=None, gen_length, blo
     return completions, steps, seconds, canvas
 
 
+# The sandbox's verdicts by (program, tests, entry point): a sweep decodes each item with many policies, which often
+# write the very same function (on the verdict's code cells each program came 2.3-3.5 times), and the same program
+# against the same tests passes or fails alike. A timeout is not remembered: a busy machine can cause one.
+_VERDICTS: dict = {}
+_VERDICTS_MAX = 200_000  # about 100 MB at worst; past it, new verdicts are simply not kept
+
+
 def score_items(items, completions, workers: int = 2) -> list:
-    """[bool] per item: exact match for math, hidden tests in the sandbox for code."""
+    """[bool] per item: exact match for math, hidden tests in the sandbox for code (each distinct program once)."""
     results = [score(ex, c) for ex, c in zip(items, completions)]
-    code = [i for i, r in enumerate(results) if r is None]
-    jobs = [(code_program(items[i], completions[i]), items[i].target, items[i].entry_point) for i in code]
-    for i, run in zip(code, check_many(jobs, workers=workers, timeout=5.0)):
-        results[i] = run.status == "ok"
+    jobs = {i: (code_program(items[i], completions[i]), items[i].target, items[i].entry_point)
+            for i, r in enumerate(results) if r is None}
+    new = list(dict.fromkeys(job for job in jobs.values() if job not in _VERDICTS))
+    fresh = {}
+    for job, run in zip(new, check_many(new, workers=workers, timeout=5.0)):
+        fresh[job] = run.status == "ok"
+        if run.status != "timeout" and len(_VERDICTS) < _VERDICTS_MAX:
+            _VERDICTS[job] = fresh[job]
+    for i, job in jobs.items():
+        results[i] = fresh[job] if job in fresh else _VERDICTS[job]
     return results
 
 
