@@ -251,14 +251,16 @@ def frontier_figure(result: dict) -> bytes:
     from tracelock.eval.plots import _figure, _png
 
     panels = [(t, s, d) for t, settings in result["tasks"].items() for s, d in settings.items()]
+    # one colour per curve in every panel (cells decoded by calls with their sweeps in another order stay readable)
+    colour = {name: f"C{i % 10}" for i, name in enumerate(dict.fromkeys(n for *_, d in panels for n in d["curves"]))}
     fig, axes = _figure(len(panels), columns=3)
     for ax, (task, setting, d) in zip(axes, panels):
         for name, curve in d["curves"].items():
             pts = sorted((p["avg_steps"], 100 * p["metric"], p["pareto"]) for p in curve)
-            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3.5, label=name)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3.5, label=name, color=colour[name])
             front = [p for p in pts if p[2]]
             ax.scatter([p[0] for p in front], [p[1] for p in front], s=70, facecolors="none",
-                       edgecolors=line.get_color(), linewidths=1.4)
+                       edgecolors=colour[name], linewidths=1.4)
         ax.axhline(100 * d["target"], color="grey", ls="--", lw=0.8)
         ax.set_title(f"{task}, {setting}", fontsize=9)
         ax.set_xlabel("mean steps")
