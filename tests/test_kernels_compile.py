@@ -43,7 +43,7 @@ def _aligned(cases: list) -> list:
 def _tap_project_cases():
     from tracelock.kernels.tap_project import CONFIGS
 
-    sizes = dict(T="i32", D="i32", N="i32", stride_h1="i32", stride_h2="i32", stride_h3="i32")
+    sizes = dict(T="i32", D="i32", N="i32", T_BUCKET="i32", stride_h1="i32", stride_h2="i32", stride_h3="i32")
     cases = []
     # fp16/bf16 taps with fp32 weights take the DOT_NATIVE=False path of fp32 (upcast after the load)
     for h, a, native in [("fp32", "fp32", False), ("bf16", "bf16", True)]:
