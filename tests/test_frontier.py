@@ -141,9 +141,10 @@ def test_the_verdict_is_recomputed_from_the_records_alone(micro, tmp_path):
     assert set(v) == {"l2p"}
     # a copy of one heuristic is never above the envelope of all of them
     assert v["l2p"]["gap"] is not None and v["l2p"]["gap"] <= 1e-12
-    out = subprocess.run([sys.executable, "-m", "tracelock.eval.matched", str(tmp_path), "--resamples", "50"],
+    out = subprocess.run([sys.executable, "-m", "tracelock.eval.matched", str(tmp_path), str(tmp_path),
+                          "--resamples", "50"],
                          capture_output=True, text=True, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert "| testbed:math | 16/8 | l2p |" in out.stdout
+    assert out.stdout.count("| testbed:math | 16/8 | l2p |") == 2 and out.stdout.count(f"({tmp_path})") == 2
     assert format_matched({"tolerance": 0.01, "tasks": {"t": {"s": {"matched": v}}}}).count("| t | s | l2p |") == 1
 
 

@@ -194,15 +194,19 @@ def recompute_matched(folder, *, resamples: int = 1000) -> dict:
 
 
 def main(argv=None) -> int:
-    """``python -m tracelock.eval.matched FOLDER``: the verdict table of a frontier folder (frontier.json and
-    records.json), recomputed from its per-item records."""
+    """``python -m tracelock.eval.matched FOLDER [FOLDER ...]``: the verdict table of each frontier folder
+    (frontier.json and records.json), recomputed from its per-item records."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m tracelock.eval.matched", description=main.__doc__)
-    p.add_argument("folder", help="a `tracelock frontier --out` folder, or one with its frontier.json and records.json")
+    p.add_argument("folders", nargs="+", metavar="FOLDER",
+                   help="a `tracelock frontier --out` folder, or one with its frontier.json and records.json")
     p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default: 1000)")
     args = p.parse_args(argv)
-    print(format_matched(recompute_matched(args.folder, resamples=args.resamples)))
+    for i, folder in enumerate(args.folders):
+        result = recompute_matched(folder, resamples=args.resamples)
+        print(f"{chr(10) if i else ''}## {result['model']} ({folder})\n")
+        print(format_matched(result))
     return 0
 
 
