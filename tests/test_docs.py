@@ -107,3 +107,31 @@ def test_the_verdict_tables_are_recomputed_from_the_committed_records(family):
             assert (_interval_cell(steps, v["steps_to_target_interval"]) if steps is not None else "| never") in row
             cells += 1
     assert cells == 8
+
+
+@pytest.mark.parametrize("cell", ["math-64-32", "math-128-32", "code-128-32", "math-128-64", "code-128-64"])
+def test_the_variant_rule_cells_are_recomputed_from_the_committed_records(cell):
+    """Each `hold_end` + confidence-fallback test cell of docs/frontier.md (and the README's, where it names one) is
+    the gap at matched steps of bench/results/verdict-testbed-llada/variant-<cell>.json: the variant's points against
+    the heuristics' (one per step at 1/2/4 tokens, Fast-dLLM's tau), paired by item."""
+    import json
+
+    from tracelock.eval.matched import Curve, _interval_cell, verdict
+
+    rec = json.loads((ROOT / "bench" / "results" / "verdict-testbed-llada" / f"variant-{cell}.json").read_text())
+    curves = {}
+    for name, p in rec["points"].items():
+        policy = name.split("/", 1)[1]
+        kind = "variant" if policy.startswith("tracelock") else re.sub(r"-(tau|per-step)-[0-9.]+$", "", policy)
+        curves.setdefault(kind, ([], []))[0].append([float(c == "1") for c in p["correct"]])
+        curves[kind][1].append(p["steps"])
+    variant = Curve("variant", *curves.pop("variant"))
+    assert set(curves) == {"confidence", "threshold"} and variant.n_items == len(rec["ids"]) == 500
+    v = verdict(variant, [Curve(k, *c) for k, c in curves.items()])
+    gap = _interval_cell(v["gap"], v["gap_interval"], 100, sign=True)
+    task, gen, width = cell.split("-")
+    rows = [line for line in (ROOT / "docs" / "frontier.md").read_text().splitlines()
+            if line.startswith(f"| {task} {gen}/{width} |")]
+    assert len(rows) == 1 and f"| {gap}" in rows[0].replace("**", ""), (gap, rows)
+    if gen == "128":  # the README names the 128-token cells as "math +13.5 [+9.5, +16.9]"
+        assert f"{task} {gap}" in " ".join(README.read_text().split())
