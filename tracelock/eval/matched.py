@@ -205,7 +205,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     for i, folder in enumerate(args.folders):
         result = recompute_matched(folder, resamples=args.resamples)
-        print(f"{chr(10) if i else ''}## {result['model']} ({folder})\n")
+        if i:
+            print()
+        print(f"## {result['model']} ({folder})\n")
         print(format_matched(result))
     return 0
 
