@@ -1,5 +1,5 @@
 """The testbed scorer runs each distinct program once: later items with the same program, in the same batch or a
-later one, take its remembered verdict; a timeout is run again."""
+later one, take its remembered verdict; a run that did not complete (timed out or killed) is run again."""
 
 import tracelock.testbed.evaluate as evaluate
 from tracelock.testbed.tasks import held_out
@@ -29,9 +29,9 @@ def test_a_program_runs_in_the_sandbox_once(monkeypatch):
     assert evaluate.score_items(math, [ex.answer for ex in math]) == [True, True] and ran == [6, 0, 0]
 
 
-def test_a_timeout_is_not_remembered(monkeypatch):
+def test_a_run_that_did_not_complete_is_not_remembered(monkeypatch):
     monkeypatch.setattr(evaluate, "_VERDICTS", {})
     item = held_out("code", "test", 1)
-    loop = "    while True:\n        pass\n"
+    loop = "    while True:\n        pass\n"  # a timeout, or a kill at the CPU limit on a loaded machine
     assert evaluate.score_items(item, [loop]) == [False]
     assert evaluate._VERDICTS == {}

@@ -109,7 +109,9 @@ def decode(model, tokenizer, items, *, policy, policy_args=None, gen_length, blo
 
 # The sandbox's verdicts by (program, tests, entry point): a sweep decodes each item with many policies, which often
 # write the very same function (on the verdict's code cells each program came 2.3-3.5 times), and the same program
-# against the same tests passes or fails alike. A timeout is not remembered: a busy machine can cause one.
+# against the same tests passes or fails alike. Only runs that completed are remembered: a timeout or a kill (the CPU
+# time limit's SIGXCPU among them) can come from a busy machine.
+_COMPLETED = ("ok", "syntax_error", "runtime_error")
 _VERDICTS: dict = {}
 _VERDICTS_MAX = 200_000  # about 100 MB at worst; past it, new verdicts are simply not kept
 
@@ -123,7 +125,7 @@ def score_items(items, completions, workers: int = 2) -> list:
     fresh = {}
     for job, run in zip(new, check_many(new, workers=workers, timeout=5.0)):
         fresh[job] = run.status == "ok"
-        if run.status != "timeout" and len(_VERDICTS) < _VERDICTS_MAX:
+        if run.status in _COMPLETED and len(_VERDICTS) < _VERDICTS_MAX:
             _VERDICTS[job] = fresh[job]
     for i, job in jobs.items():
         results[i] = fresh[job] if job in fresh else _VERDICTS[job]
