@@ -1,5 +1,7 @@
 """The controller module: forward == projected path == fold with the encoder, masking, save/load, fingerprints."""
 
+import json
+
 import pytest
 import torch
 
@@ -142,3 +144,25 @@ def test_one_training_step_lowers_the_loss():
         opt.step()
         losses.append(loss.item())
     assert losses[1] < losses[0]
+
+
+def test_the_commit_rule_is_checked_saved_and_absent_in_older_files(tmp_path):
+    from tracelock.controller import commit_rule_named
+
+    for bad, match in (({"hold_end": 1}, "hold_end=1 must be true or false"),
+                       ({"fallback": "greedy"}, "fallback='greedy' must be one of score, confidence, neg_entropy"),
+                       ({"cap": 4}, "must be a dict of hold_end"), ([], "must be a dict of hold_end")):
+        with pytest.raises(ValueError, match=match):
+            _controller(commit_rule=bad)
+    ctrl = _controller(commit_rule={"hold_end": True, "fallback": "neg_entropy"})
+    ctrl.save(tmp_path / "best.safetensors")
+    assert Controller.load(tmp_path).config.commit_rule == {"hold_end": True, "fallback": "neg_entropy"}
+    raw = json.loads((tmp_path / "best.json").read_text())
+    del raw["commit_rule"]  # a controller saved before the field existed deploys with the paper's rule
+    (tmp_path / "best.json").write_text(json.dumps(raw))
+    assert Controller.load(tmp_path).config.commit_rule == {}
+    fingerprint = {"backbone": {"family": "dream"}}
+    assert commit_rule_named("hold-end", fingerprint) == {"hold_end": True, "fallback": "neg_entropy"}
+    assert commit_rule_named("paper", fingerprint) == {}
+    with pytest.raises(ValueError, match="backbone family is None"):
+        commit_rule_named("hold-end", {})

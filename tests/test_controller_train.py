@@ -250,6 +250,35 @@ def test_the_testbed_preset_trains_its_recipe_and_explicit_options_win(real_cach
     state = json.loads((tmp_path / "run" / "state.json").read_text())
     assert state["config"]["steps"] == 2 != preset["steps"]  # --steps beats the preset
     assert state["config"]["batch_size"] == preset["batch_size"]
+    # the preset's commit rule, with the fallback of the codes' backbone family (LLaDA: max-prob)
+    assert config["commit_rule"] == {"hold_end": True, "fallback": "confidence"}
+
+
+def test_the_commit_rule_is_fresh_paper_kept_by_a_warm_start_and_set_by_name(real_cache, tmp_path, capsys):
+    from tracelock.cli import main
+    from tracelock.policies.tracelock import TraceLockPolicy
+
+    model, root = real_cache
+    cache = str(root / "cache")
+    assert main(["train", *_cli(cache, str(tmp_path / "paper"), "--encoder", str(root / "encoder"))]) == 0
+    assert json.loads((tmp_path / "paper" / "best.json").read_text())["commit_rule"] == {}
+    assert main(["train", *_cli(cache, str(tmp_path / "held"), "--encoder", str(root / "encoder"),
+                                "--commit-rule", "hold-end")]) == 0
+    assert main(["train", *_cli(cache, str(tmp_path / "warm"), "--encoder", str(root / "encoder"),
+                                "--init", str(tmp_path / "held"))]) == 0
+    assert json.loads((tmp_path / "warm" / "best.json").read_text())["commit_rule"]["hold_end"] is True
+    # the policy deploys with the controller's rule unless told otherwise
+    held, paper = TraceLockPolicy(tmp_path / "warm", model=model), TraceLockPolicy(tmp_path / "paper", model=model)
+    assert (held.hold_end, held.fallback) == (True, "confidence")
+    assert (paper.hold_end, paper.fallback) == (False, "score")
+    told = TraceLockPolicy(tmp_path / "warm", model=model, hold_end=False, fallback="score")
+    assert (told.hold_end, told.fallback) == (False, "score")
+    prompts = [[5, 9, 13, 2, 7], [11, 4, 8]]
+    ref_tokens, ref_stats = tracelock.reference_generate(model, prompts, policy=held, gen_length=16, window=8)
+    tokens, stats = tracelock.fused_generate(model, prompts, policy=held, gen_length=16, window=8)
+    assert torch.equal(tokens, ref_tokens) and stats.steps == ref_stats.steps
+    with pytest.raises(ValueError, match="commit_rule='greedy' must be one of paper, hold-end"):
+        TrainConfig(cache=cache, out=str(tmp_path / "bad"), commit_rule="greedy")
 
 
 def test_ddp_two_ranks_match_one_process(real_cache, tmp_path):

@@ -24,6 +24,10 @@ def test_each_bundled_model_ships_its_trained_controller(name):
     assert shipped["metrics"]["fixed_crop"]["auroc"] > 0.8
     model, tok = tracelock.load_model(name), tracelock.load_tokenizer(name)
     policy = TraceLockPolicy(name, model=model)  # the fingerprints match the bundled backbone
+    # they deploy with the commit rule chosen on validation: hold_end, the family's one-per-step score as fallback
+    score = {"testbed": "confidence", "testbed-dream": "neg_entropy"}[name]
+    assert shipped["commit_rule"] == {"hold_end": True, "fallback": score}
+    assert (policy.hold_end, policy.fallback) == (True, score)
     ids = tok(held_out("math", "test", 1)[0].prompt, add_special_tokens=False)["input_ids"]
     tokens, stats = tracelock.fused_generate(model, [ids], policy=policy, gen_length=16, window=8)
     assert tokens.shape[1] == len(ids) + 16 and 1 <= stats.steps[0] <= 16
@@ -70,3 +74,24 @@ def test_ship_controller_copies_a_finished_run_and_refuses_an_unfinished_one(tmp
     info = json.loads((dest / "shipped.json").read_text())
     assert info["command"] == "tracelock train ..." and info["machine"] == "this CPU"
     assert TraceLockPolicy(dest, model=tracelock.load_model("testbed")) is not None
+
+    # a new commit rule, in place: best.json and shipped.json say it, the weights stay
+    again = [sys.executable, "-m", "tracelock", "testbed-ship-controller", str(dest), "--dest", str(dest),
+             "--command", "tracelock train ...; then --commit-rule paper", "--machine", "this CPU",
+             "--commit-rule", "paper"]
+    done = subprocess.run(again, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((dest / "best.json").read_text())["commit_rule"] == {}
+    info = json.loads((dest / "shipped.json").read_text())
+    assert info["commit_rule"] == {} and info["command"].endswith("--commit-rule paper")
+    assert (dest / "best.safetensors").read_bytes() == (source / "best.safetensors").read_bytes()
+    policy = TraceLockPolicy(dest, model=tracelock.load_model("testbed"))
+    assert (policy.hold_end, policy.fallback) == (False, "score")
+
+
+def test_a_ship_error_names_the_subcommand_not_the_recorded_command(tmp_path):
+    # --command is text for the record; an error line must still read `tracelock testbed-ship-controller: ...`
+    proc = subprocess.run([sys.executable, "-m", "tracelock", "testbed-ship-controller", str(tmp_path / "none"),
+                           "--dest", str(tmp_path / "dest"), "--command", "MY RECIPE", "--machine", "here"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and proc.stderr.startswith("tracelock testbed-ship-controller: error:"), proc.stderr

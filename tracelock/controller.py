@@ -30,8 +30,8 @@ from tracelock import states
 from tracelock.atomic import atomic_write_text
 from tracelock.integrity import CorruptFileError, load_tensors, read_json, save_tensors
 
-__all__ = ["FEATURE_SETS", "Controller", "ControllerConfig", "active_confidence", "check_fingerprint",
-           "controller_fingerprint"]
+__all__ = ["COMMIT_RULES", "FALLBACKS", "FEATURE_SETS", "Controller", "ControllerConfig", "active_confidence",
+           "check_commit_rule", "check_fingerprint", "commit_rule_named", "controller_fingerprint"]
 
 # code groups each feature set reads (paper Table "Feature ablations"); group names as in `tracelock.features`
 FEATURE_SETS = {
@@ -71,12 +71,51 @@ def check_fingerprint(trained: dict, given: dict) -> None:
                              f"train a controller on traces (and codes) of this {key}")
 
 
+# what a step commits when no slot clears theta: the controller's best slot (the paper's rule) or the backbone's most
+# certain slot by that score (`TraceLockPolicy`'s ``fallback``)
+FALLBACKS = ("score", "confidence", "neg_entropy")
+# each backbone family's own one-per-step score (LLaDA: max-prob, Dream: neg-entropy)
+FAMILY_SCORE = {"llada": "confidence", "dream": "neg_entropy"}
+COMMIT_RULES = ("paper", "hold-end")
+
+
+def check_commit_rule(rule) -> None:
+    """Raise ValueError unless ``rule`` is a controller's commit rule: a dict of ``hold_end`` (bool) and
+    ``fallback`` (one of FALLBACKS), both optional."""
+    if not isinstance(rule, dict) or set(rule) - {"hold_end", "fallback"}:
+        raise ValueError(f"commit_rule={rule!r} must be a dict of hold_end (true/false) and fallback "
+                         f"({', '.join(FALLBACKS)}), e.g. {{}} for the paper's rule")
+    if not isinstance(rule.get("hold_end", False), bool):
+        raise ValueError(f"commit_rule hold_end={rule['hold_end']!r} must be true or false")
+    if rule.get("fallback", "score") not in FALLBACKS:
+        raise ValueError(f"commit_rule fallback={rule['fallback']!r} must be one of {', '.join(FALLBACKS)}")
+
+
+def commit_rule_named(name: str, fingerprint: dict) -> dict:
+    """The `ControllerConfig.commit_rule` a name stands for: "paper", the paper's rule (``{}``); "hold-end", an
+    end-of-text proposal waits for the text left of it and, when no slot clears theta, the backbone's most certain
+    slot by its family's own score commits (chosen on the bundled models' validation split: docs/frontier.md)."""
+    if name == "paper":
+        return {}
+    if name != "hold-end":
+        raise ValueError(f"commit_rule={name!r} must be one of {', '.join(COMMIT_RULES)}")
+    family = fingerprint.get("backbone", {}).get("family")
+    if family not in FAMILY_SCORE:
+        raise ValueError(f"commit_rule='hold-end' falls back to the backbone family's own score, but the codes' "
+                         f"backbone family is {family!r} (one of {', '.join(FAMILY_SCORE)} is needed): featurize "
+                         "the traces with this version's `tracelock featurize`, or use commit_rule='paper'")
+    return {"hold_end": True, "fallback": FAMILY_SCORE[family]}
+
+
 @dataclass
 class ControllerConfig:
     """Architecture of a controller (paper appendix: 3 layers, 8 heads, width 384, FFN 768, dropout 0.1).
 
     ``groups`` maps code-group names to ``[start, stop)`` columns of the code vector (``code_dim`` wide);
     ``fingerprint`` is the backbone + encoder the codes come from (`controller_fingerprint`, checked on use).
+    ``commit_rule`` is the rule the controller deploys with unless the policy is told otherwise (`TraceLockPolicy`'s
+    ``hold_end`` and ``fallback``): ``{}`` the paper's, or e.g. ``{"hold_end": True, "fallback": "confidence"}``
+    (`commit_rule_named`).
     """
 
     code_dim: int
@@ -90,6 +129,7 @@ class ControllerConfig:
     confidence_input: bool = False
     state_embedding: bool = False
     fingerprint: dict = field(default_factory=dict)
+    commit_rule: dict = field(default_factory=dict)
 
     def __post_init__(self):
         for name in ("code_dim", "width", "layers", "heads", "ffn"):
@@ -111,6 +151,7 @@ class ControllerConfig:
                              f"{sorted(self.groups)}; pick a feature set the encoder provides")
         if self.width % self.heads:
             raise ValueError(f"width={self.width} must be a multiple of heads={self.heads}")
+        check_commit_rule(self.commit_rule)
 
     def columns(self) -> list[int]:
         """Code columns the input projection reads, in group order."""

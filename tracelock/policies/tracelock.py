@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from tracelock.controller import FALLBACKS
 from tracelock.kernels.ref import commit_margin_threshold, tap_project_ref
 
 from .base import Policy, StepInput, topk_mask
@@ -66,7 +67,6 @@ def _load(controller, encoder, model):
     return controller.eval(), encoder
 
 
-FALLBACKS = ("score", "confidence", "neg_entropy")
 HELD = -1e4  # the score of a held slot: its margin is below any real one, so neither the rule nor the fallback picks it
 
 
@@ -97,17 +97,19 @@ class TraceLockPolicy(Policy):
             "w/o dynamic threshold" ablation). Default: None.
         reference_release (bool): the reference release's rule: ``sigmoid(m) >= 0.99``, cap 4, and a controller
             trained with the confidence input (its window, 128, is `fused_generate`'s ``window``). Default: False.
-        hold_end (bool): commit an end-of-text proposal only once no still-masked position left of it proposes
-            text: the padding after the answer waits for the answer. In a window wider than the controller was
-            trained on it committed the padding early and cut the answers short (docs/frontier.md, "The confident
-            errors"). The fallback's one commit per step is kept (the leftmost masked slot is never held).
-            Default: False.
-        fallback (str): what a step commits when no slot clears theta: "score", the slot with the controller's
-            largest margin (the paper's rule), "confidence" or "neg_entropy", the backbone's most certain slot by
-            that score (the LLaDA and Dream families' one-per-step rules, so a high theta tends to them). The
-            controller's best slot was twice as often the first wrong commit as any commit (docs/frontier.md).
-            The backbone's scores decide in `select` (the fused loop's commit op implements the paper's rule
-            only). Default: "score".
+        hold_end (bool, optional): commit an end-of-text proposal only once no still-masked position left of it
+            proposes text: the padding after the answer waits for the answer. In a window wider than the
+            controller was trained on it committed the padding early and cut the answers short (docs/frontier.md,
+            "The confident errors"). The fallback's one commit per step is kept (the leftmost masked slot is never
+            held). Default: the controller's commit rule (`ControllerConfig.commit_rule`), else False.
+        fallback (str, optional): what a step commits when no slot clears theta: "score", the slot with the
+            controller's largest margin (the paper's rule), "confidence" or "neg_entropy", the backbone's most
+            certain slot by that score (the LLaDA and Dream families' one-per-step rules, so a high theta tends to
+            them). The controller's best slot was twice as often the first wrong commit as any commit
+            (docs/frontier.md). The backbone's scores decide in `select` (the fused loop's commit op implements the
+            paper's rule only). Default: the controller's commit rule, else "score". The shipped controllers
+            carry ``hold_end=True`` and their family's score; ``hold_end=False, fallback="score"`` is the paper's
+            rule with any controller.
         model (DiffusionBackbone, optional): when given, the controller's and encoder's backbone fingerprints are
             checked now; otherwise the tap width is checked at the first step.
     """
@@ -118,8 +120,8 @@ class TraceLockPolicy(Policy):
     learned = True
 
     def __init__(self, controller, encoder=None, theta: float | None = None, cap: int | None = None,
-                 static_tau: float | None = None, reference_release: bool = False, hold_end: bool = False,
-                 fallback: str = "score", model=None) -> None:
+                 static_tau: float | None = None, reference_release: bool = False, hold_end: bool | None = None,
+                 fallback: str | None = None, model=None) -> None:
         super().__init__()
         if reference_release and (theta not in (None, 0.99) or cap not in (None, 4)):
             raise ValueError(f"reference_release=True fixes theta=0.99 and cap=4; drop theta={theta!r} / "
@@ -130,9 +132,9 @@ class TraceLockPolicy(Policy):
             raise ValueError(f"theta={theta!r} must lie in (0, 1); the paper uses 0.95")
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise ValueError(f"cap={cap!r} must be a positive int (commits per step) or None for no cap")
-        if not isinstance(hold_end, bool):
+        if hold_end is not None and not isinstance(hold_end, bool):
             raise ValueError(f"hold_end={hold_end!r} must be true or false")
-        if fallback not in FALLBACKS:
+        if fallback is not None and fallback not in FALLBACKS:
             raise ValueError(f"fallback={fallback!r} must be one of {', '.join(FALLBACKS)}")
         if static_tau is not None and not isinstance(static_tau, int | float):
             raise ValueError(f"static_tau={static_tau!r} must be a float threshold logit or None (learned tau)")
@@ -142,7 +144,9 @@ class TraceLockPolicy(Policy):
                              "(`tracelock train --confidence-input`)")
         self.theta, self.cap, self.inclusive = float(theta), cap, bool(reference_release)
         self.static_tau = None if static_tau is None else float(static_tau)
-        self.hold_end, self.fallback = hold_end, fallback
+        rule = self._controller.config.commit_rule  # what the controller deploys with, unless told otherwise
+        self.hold_end = rule.get("hold_end", False) if hold_end is None else hold_end
+        self.fallback = rule.get("fallback", "score") if fallback is None else fallback
         self._margin_threshold = commit_margin_threshold(self.theta)
         self._device, self._fold = None, None
         # set by a `tracelock.eval.diagnostics.ControllerStepRecorder` while it records: the policy then keeps the

@@ -13,7 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
-from tracelock.atomic import atomic_write, atomic_write_json
+from tracelock.atomic import atomic_write, atomic_write_json, atomic_write_text
 
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "special_tokens_map.json",
                "tokenizer.json", "tokenizer_config.json")
@@ -90,30 +90,43 @@ def ship(run, dest, *, command: str, machine: str, overwrite: bool = False) -> d
     return info
 
 
-def ship_controller(run, dest, *, command: str, machine: str) -> dict:
+def ship_controller(run, dest, *, command: str, machine: str, commit_rule: str | None = None) -> dict:
     """Copy a finished `tracelock train` run's controller, encoder and held-out metrics into ``dest`` (atomically,
-    file by file) and write ``dest/shipped.json``; a run without metrics.json has not finished and is refused."""
+    file by file) and write ``dest/shipped.json``; a run without metrics.json has not finished and is refused.
+
+    ``commit_rule`` ("paper" or "hold-end", `tracelock.controller.commit_rule_named`) sets the rule the controller
+    deploys with in ``dest/best.json``; None keeps the run's. ``run`` may be ``dest`` itself (a new rule, in place).
+    """
+    from tracelock.controller import commit_rule_named
+
     run, dest = Path(run), Path(dest)
     missing = [name for name in CONTROLLER_FILES if not (run / name).exists()]
     if missing:
         raise FileNotFoundError(f"{run} lacks {', '.join(missing)}: pass the --out folder of a finished "
                                 "`tracelock train` or `tracelock self-train` (its controller/) run")
     dest.mkdir(parents=True, exist_ok=True)
-    for name in CONTROLLER_FILES:
-        atomic_write(dest / name, lambda tmp, name=name: shutil.copyfile(run / name, tmp))
+    if run.resolve() != dest.resolve():
+        for name in CONTROLLER_FILES:
+            atomic_write(dest / name, lambda tmp, name=name: shutil.copyfile(run / name, tmp))
+    config = json.loads((dest / "best.json").read_text())
+    if commit_rule is not None:
+        config["commit_rule"] = commit_rule_named(commit_rule, config.get("fingerprint", {}))
+        atomic_write_text(dest / "best.json", json.dumps(config, indent=2) + "\n")  # as `Controller.save` writes it
     info = {"command": command, "machine": machine, "metrics": json.loads((run / "metrics.json").read_text()),
+            "commit_rule": config.get("commit_rule", {}),
             "best_safetensors_sha256": sha256(dest / "best.safetensors")}
     atomic_write_json(dest / "shipped.json", info)
     return info
 
 
 def _run(args):
-    info = ship(args.run, args.dest, command=args.command, machine=args.machine, overwrite=args.overwrite)
+    info = ship(args.run, args.dest, command=args.made_by, machine=args.machine, overwrite=args.overwrite)
     print(f"shipped {args.run} -> {args.dest} (model.safetensors sha256 {info['model_safetensors_sha256'][:16]}...)")
 
 
 def _run_controller(args):
-    info = ship_controller(args.run, args.dest, command=args.command, machine=args.machine)
+    info = ship_controller(args.run, args.dest, command=args.made_by, machine=args.machine,
+                           commit_rule=args.commit_rule)
     print(f"shipped {args.run} -> {args.dest} (best.safetensors sha256 {info['best_safetensors_sha256'][:16]}...)")
 
 
@@ -123,7 +136,8 @@ def add_parsers(sub):
     p.add_argument("--dest", required=True,
                    help=f"model folder to write; the package's bundled model is {BUNDLED_MODEL}")
     p.add_argument("--overwrite", action="store_true", help="replace the model --dest already holds")
-    p.add_argument("--command", required=True, help="the testbed-train command that made the run, for the record")
+    p.add_argument("--command", dest="made_by", required=True,  # not `command`: the subcommand's own name is that
+                   help="the testbed-train command that made the run, for the record")
     p.add_argument("--machine", required=True, help="where it ran (CPU, threads, torch), for the record")
     p.set_defaults(func=_run)
 
@@ -133,6 +147,9 @@ def add_parsers(sub):
     p.add_argument("--dest", required=True,
                    help="folder to write; the bundled models' controllers are "
                         f"{BUNDLED_MODEL.parent / 'controller-llada'} and {BUNDLED_MODEL.parent / 'controller-dream'}")
-    p.add_argument("--command", required=True, help="the commands that made the run, for the record")
+    p.add_argument("--command", dest="made_by", required=True, help="the commands that made the run, for the record")
     p.add_argument("--machine", required=True, help="where it ran (CPU, threads, torch), for the record")
+    p.add_argument("--commit-rule", choices=["paper", "hold-end"], default=None,
+                   help="the commit rule the controller deploys with (written into its best.json): paper, or "
+                        "hold-end (`tracelock train --commit-rule`); default: the run's. RUN may be --dest itself")
     p.set_defaults(func=_run_controller)

@@ -23,12 +23,12 @@ DEFAULTS = (("steps", int, 10000), ("batch-size", int, 64), ("lr", float, 1e-4),
 
 
 # named recipes: "paper" is TrainConfig's defaults (the paper's controller for 7-8B backbones); "testbed" is the
-# recipe chosen on the bundled models' validation split (docs/frontier.md, "The recipe"): a controller scaled to the
-# 1.3 M-parameter backbone, with the confidence input
+# recipe chosen on the bundled models' validation split (docs/frontier.md, "The recipe" and "The shipped commit
+# rule"): a controller scaled to the 1.3 M-parameter backbone, with the confidence input, deployed with hold-end
 PRESETS = {
     "paper": {},
     "testbed": dict(width=64, layers=2, heads=4, ffn=128, confidence_input=True, steps=2000, eval_every=250,
-                    batch_size=32),
+                    batch_size=32, commit_rule="hold-end"),
 }
 
 
@@ -42,8 +42,8 @@ def add_parsers(sub):
                    help="continue the run in --out from its last saved state (starts it when there is none yet)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="paper",
                    help="paper (default): the paper's controller and schedule; testbed: the recipe chosen for the "
-                        "bundled models (width 64, 2 layers, confidence input, 2000 steps, batch 32); options given "
-                        "explicitly override it")
+                        "bundled models (width 64, 2 layers, confidence input, 2000 steps, batch 32, commit rule "
+                        "hold-end); options given explicitly override it")
     for name, kind, default in DEFAULTS:
         p.add_argument("--" + name, type=kind, default=None, help=f"default {default}")
     p.add_argument("--features", choices=["last", "deltas", "hidden", "all"], default=None,
@@ -57,5 +57,9 @@ def add_parsers(sub):
                                        "none)")
     p.add_argument("--alpha", type=float, help="share of --mix-cache items in the training mix, in (0, 1) (default: "
                                                "none; required with --mix-cache)")
+    p.add_argument("--commit-rule", choices=["paper", "hold-end"], default=None,
+                   help="the commit rule the controller deploys with: paper (the paper's), hold-end (an end-of-text "
+                        "proposal waits for the text left of it; when no slot clears theta the backbone's most "
+                        "certain slot commits); default: paper, a warm start keeps its checkpoint's")
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.set_defaults(func=_train)

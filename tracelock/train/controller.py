@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from tracelock import states
 from tracelock.atomic import atomic_write_json, atomic_write_text, folder_lock, remove_stale_temps
-from tracelock.controller import Controller, ControllerConfig, active_confidence
+from tracelock.controller import COMMIT_RULES, Controller, ControllerConfig, active_confidence, commit_rule_named
 from tracelock.integrity import load_tensors, read_json, save_tensors
 from tracelock.train import metrics
 from tracelock.train.state import load_training_tensors, training_tensors
@@ -83,6 +83,9 @@ class TrainConfig:
     # self-training: a second cache mixed in at share alpha (`tracelock.train.mix.MixedCache`)
     mix_cache: str | None = None
     alpha: float | None = None
+    # the commit rule the controller deploys with (`tracelock.controller.commit_rule_named`: "paper" or "hold-end");
+    # None: the paper's for a fresh controller, the checkpoint's for a warm start
+    commit_rule: str | None = None
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "eval_every", "width", "layers", "heads", "ffn"):
@@ -92,6 +95,8 @@ class TrainConfig:
             raise ValueError(f"val_fraction={self.val_fraction} must lie in (0, 1)")
         if (self.mix_cache is None) != (self.alpha is None):
             raise ValueError("mix_cache and alpha go together: pass both (a self-training mix) or neither")
+        if self.commit_rule not in (None, *COMMIT_RULES):
+            raise ValueError(f"commit_rule={self.commit_rule!r} must be one of {', '.join(COMMIT_RULES)}")
 
 
 def crop_lengths(gen_lengths: np.ndarray, r: np.ndarray) -> np.ndarray:
@@ -282,6 +287,8 @@ def _train(config: TrainConfig, cache, resume: bool, rank: int, world: int) -> P
         model = _warm_start(config.init, ccfg, device)
         # it runs the checkpoint's architecture: the run's records say so, not the config's defaults
         config = replace(config, **{k: getattr(model.config, k) for k in _ARCHITECTURE})
+    if config.commit_rule is not None:
+        model.config.commit_rule = commit_rule_named(config.commit_rule, ccfg.fingerprint)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     info = dict(config=asdict(config), best_f0_5=-1.0, best_step=None, history=[])
     if resume:
