@@ -26,6 +26,9 @@ PER_STEP=1,2,4
 TAUS=0.5,0.55,0.6,0.65,0.7,0.75,0.8,0.85,0.9,0.95
 L2P_THRESHOLDS=0.8,0.9,0.96
 THETAS=0.3,0.5,0.55,0.6,0.65,0.7,0.75,0.8,0.85,0.9,0.95,0.99
+# the verdict judged the paper's commit rule; the shipped controllers now carry hold_end and their family's fallback
+# (docs/frontier.md, "The shipped commit rule"), so the paper's rule is asked for by name (ST_RULE= for theirs)
+ST_RULE=${ST_RULE-hold_end=false:fallback=score}
 if [ "$DRY_RUN" = 1 ]; then
   LIMIT=4 BATCH=4 DEVICE=cpu PER_STEP=1,4 TAUS=0.5,0.9 L2P_THRESHOLDS=0.9 THETAS=0.5,0.9
 fi
@@ -69,7 +72,8 @@ frontier() {  # family out tasks settings timeout [sweeps...]: the frontier, Tra
   timeout "$limit" python3 -m tracelock frontier --model "$(model_of "$fam")" --tasks "$tasks" --split test \
     --limit "$LIMIT" --seed "$SEED" --settings "$settings" --l2p "$W/l2p" --batch-size "$BATCH" --workers 3 \
     --threads 1 --device "$DEVICE" --out "$out" --quiet "$@" \
-    --sweep "tracelock:theta=$THETAS:controller=$CTRL/controller-$fam:curve=TraceLock-ST" --sweep "threshold:tau=$TAUS" \
+    --sweep "tracelock:theta=$THETAS:controller=$CTRL/controller-$fam${ST_RULE:+:$ST_RULE}:curve=TraceLock-ST" \
+    --sweep "threshold:tau=$TAUS" \
     "${peers[@]}" --sweep "$rule:per_step=$PER_STEP" --sweep "l2p:threshold=$L2P_THRESHOLDS"
 }
 
@@ -90,7 +94,7 @@ for fam in llada dream; do
   timeout "$DEADLINE" python3 -m tracelock frontier --model "$(model_of $fam)" --tasks testbed:$task --split test \
     --limit "$LIMIT" --seed "$SEED" --settings 64/16 --batch-size "$BATCH" --workers 2 --threads 1 \
     --device "$DEVICE" --out "$RUNS/$fam/crosscheck" --quiet --sweep "threshold:tau=0.9" \
-    --sweep "tracelock:theta=0.9:controller=$CTRL/controller-$fam:curve=TraceLock-ST" \
+    --sweep "tracelock:theta=0.9:controller=$CTRL/controller-$fam${ST_RULE:+:$ST_RULE}:curve=TraceLock-ST" \
     >"$RUNS/$fam/crosscheck.log" 2>&1 &
 done
 failed=0

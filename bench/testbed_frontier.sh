@@ -14,8 +14,10 @@
 # Environment: MODEL, WORK (the study folder: l2p/ is read and completed there), CONTROLLER and ST (optional:
 # TraceLock and TraceLock-ST run folders), OUT ($WORK/frontier-test), LIMIT (500 items per task, a random draw with SEED, 0),
 # SETTINGS (64/16,64/32,128/32,128/64), PER_STEP, TAUS, L2P_THRESHOLDS, THETAS (the grids; theta as dense as tau where the curves move), N_TRAIN (200: Learn2PD's
-# training items), ST_VARIANT (tracelock policy arguments, e.g. hold_end=true:fallback=confidence: a second
-# TraceLock-ST curve with them, "TraceLock-ST (variant)"), BATCH (50 rows per decode call), JOBS (2: math and code decoded side by side, one torch thread each; 1: one after the other).
+# training items), ST_RULE (tracelock policy arguments added to the TraceLock-ST curve; default none: the
+# controller's own commit rule; hold_end=false:fallback=score: the paper's, as in the verdict's committed records),
+# ST_VARIANT (tracelock policy arguments, e.g. hold_end=true:fallback=confidence: a second TraceLock-ST curve with
+# them, "TraceLock-ST (variant)"), BATCH (50 rows per decode call), JOBS (2: math and code decoded side by side, one torch thread each; 1: one after the other).
 # The family's one-per-step rule (LLaDA: confidence; Dream: neg-entropy, one token per step) is swept along
 # per_step; on a Dream model Fast-dLLM's Dream variant (the block's first token from the refresh) runs beside its
 # LLaDA form. Each run writes records.json (per item) beside frontier.json; `python -m tracelock.eval.matched OUT`
@@ -47,7 +49,7 @@ if [ -n "$ST" ]; then
   if [ -n "${ST_VARIANT:-}" ]; then
     LEARNED+=(--sweep "tracelock:theta=$THETAS:controller=$ST:$ST_VARIANT:curve=TraceLock-ST (variant)")
   fi
-  LEARNED+=(--sweep "tracelock:theta=$THETAS:controller=$ST:curve=TraceLock-ST")
+  LEARNED+=(--sweep "tracelock:theta=$THETAS:controller=$ST${ST_RULE:+:$ST_RULE}:curve=TraceLock-ST")
 fi
 if [ -n "$CONTROLLER" ]; then
   LEARNED+=(--sweep "tracelock:theta=$THETAS:controller=$(realpath "$CONTROLLER"):curve=TraceLock")
