@@ -1,8 +1,11 @@
-"""The picture of a verdict folder's judged cells (those with a learned curve), from its frontier.json and records.json:
+"""The picture of a verdict folder's judged cells (those with a learned curve), from its frontier.json and
+records.json, with the shipped commit rule's points of each cell beside them where the folder holds them
+(variant-<task>-<setting>.json, `bench/matched_runs.py --records`):
 
     python bench/verdict_figure.py bench/results/verdict-testbed-llada docs/verdict.png
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -10,8 +13,26 @@ from tracelock.atomic import atomic_write
 from tracelock.eval.frontier import frontier_figure
 from tracelock.eval.matched import recompute_matched
 
-folder, png = sys.argv[1:3]
+SHIPPED = "TraceLock-ST, shipped rule"
+
+
+def shipped_points(records: Path) -> list:
+    """The tracelock points of a records file as frontier curve points (accuracy and mean steps over its items)."""
+    rec, out = json.loads(records.read_text()), []
+    for name, p in rec["points"].items():
+        if name.split("/", 1)[1].startswith("tracelock"):
+            n = len(p["steps"])
+            out.append(dict(avg_steps=sum(p["steps"]) / n, metric=p["correct"].count("1") / n, pareto=False))
+    return out
+
+
+folder, png = Path(sys.argv[1]), sys.argv[2]
 result = recompute_matched(folder, resamples=10)  # only which cells are judged matters here
 judged = {t: {s: d for s, d in cells.items() if d["matched"]} for t, cells in result["tasks"].items()}
+for task, cells in judged.items():
+    for setting, d in cells.items():
+        records = folder / f"variant-{task.split(':')[1]}-{setting.replace('/', '-')}.json"
+        if records.exists():
+            d["curves"] = {**d["curves"], SHIPPED: shipped_points(records)}
 figure = frontier_figure(dict(result, tasks={t: cells for t, cells in judged.items() if cells}))
 atomic_write(png, lambda path: Path(path).write_bytes(figure))  # a killed run leaves the old picture whole

@@ -98,13 +98,16 @@ def _every_policy(model):
     tracelock_policy = TraceLockPolicy(controller, encoder, theta=0.55)
     if model.spec.family == "dream":
         return [("threshold", {"tau": 0.7, "first_token": True}, dict(block=4, cache="dual"), 1),
+                ("threshold", {"tau": 0.7, "hold_end": True}, dict(window=8), 1),
                 (tracelock_policy, {}, dict(window=8, cache="prefix"), 1)]
     return [("confidence", {}, dict(block=4), 3), ("topk", {"k": 2}, dict(window=8, cache="prefix"), 1),
             ("maskgit_plus", {}, dict(cache="dual"), 1), ("topk_margin", {}, dict(block=4, cache="dual"), 1),
             ("entropy", {}, dict(window=8), 1), ("threshold", {"tau": 0.7}, dict(block=4, cache="prefix"), 2),
             ("factor", {}, dict(block=4, cache="prefix"), 1), (tracelock_policy, {}, dict(window=8, cache="dual"), 2),
             (TraceLockPolicy(controller, encoder, theta=0.55, cap=2), {}, dict(stop_at_eot=True), 1),
-            (TraceLockPolicy(controller, encoder, theta=0.55, hold_end=True), {}, dict(window=8), 2),
+            # the shipped controllers' rule: the step closes in `select`, not in the commit op
+            (TraceLockPolicy(controller, encoder, theta=0.55, hold_end=True, fallback="confidence"), {},
+             dict(window=8), 2),
             (L2PPolicy(step_l2p_filter(model), filter_block=4), {}, dict(block=4, cache="prefix"), 1)]
 
 

@@ -250,6 +250,27 @@ def test_hold_end_keeps_the_padding_until_the_text_left_of_it_is_proposed(model,
         TraceLockPolicy(everyone, encoder, hold_end="yes")
 
 
+def test_the_threshold_holds_the_end_alike(model):
+    """Fast-dLLM's threshold with hold_end (the control that tells the hold's effect from the controller's): the same
+    slots wait as under TraceLock's hold_end; its always-committed top slot is picked among the rest."""
+    from tracelock.policies.fastdllm import ThresholdPolicy
+
+    inp = _step(model)
+    eos = torch.tensor([[0.0, 0.95, 0.95, 0.0, 0.0, 0.99], [0.0] * 6, [0.0] * 6])
+    inp.signals.eos_prob = eos
+    inp.signals.confidence = torch.where(eos > 0, eos, torch.full_like(eos, 0.5))
+    inp.signals.confidence[0, 4] = 0.92
+    plain, held = ThresholdPolicy(tau=0.9), ThresholdPolicy(tau=0.9, hold_end=True)
+    # row 0 (active 1, 2, 4, 5): the end at 5 lies right of text at 4 and waits
+    assert _slots(plain.select(inp))[0] == [1, 2, 4, 5] and _slots(held.select(inp))[0] == [1, 2, 4]
+    inp.signals.confidence[0] = torch.tensor([0.5, 0.3, 0.3, 0.5, 0.6, 0.99])
+    inp.signals.eos_prob[0] = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.99])
+    # nothing clears tau but the held end: the top slot among the others commits instead
+    assert _slots(plain.select(inp))[0] == [5] and _slots(held.select(inp))[0] == [4]
+    with pytest.raises(TypeError, match="hold_end='yes' must be a bool"):
+        ThresholdPolicy(hold_end="yes")
+
+
 @pytest.mark.parametrize("schedule", [{"window": 8}, {"block": 8}], ids=["window8", "block8"])
 def test_hold_end_fused_equals_reference(model, encoder, schedule):
     policy = TraceLockPolicy(_controller(model, encoder, confidence_input=True), encoder, theta=0.6, hold_end=True)

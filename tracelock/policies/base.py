@@ -18,7 +18,7 @@ import torch
 
 from ..signals import Signals, gumbel_noise
 
-__all__ = ["Lookahead", "Policy", "StepInput", "active_first_order", "gumbel_topk_mask", "topk_mask"]
+__all__ = ["Lookahead", "Policy", "StepInput", "active_first_order", "gumbel_topk_mask", "held_ends", "topk_mask"]
 
 
 @dataclass
@@ -181,6 +181,15 @@ def split_steps(steps: int | None, gen_length: int, num_regions: int) -> int:
             f"block length such that gen_length // block_length divides {steps}"
         )
     return steps // num_regions
+
+
+def held_ends(inp: StepInput) -> torch.Tensor:
+    """[B, R] active slots that propose the end token (its probability is the largest) while an active slot left
+    of them proposes text: what a policy's ``hold_end`` keeps masked. Slots are in position order, so the leftmost
+    active slot is never held."""
+    ends = inp.active & (inp.signals.eos_prob >= inp.signals.confidence) & (inp.signals.eos_prob > 0)
+    text = inp.active & ~ends
+    return ends & (text.cumsum(dim=1) > 0)
 
 
 def active_first_order(scores: torch.Tensor, active: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .base import Policy, StepInput, active_count, active_first_order, topk_mask
+from .base import Policy, StepInput, active_count, active_first_order, held_ends, topk_mask
 
 __all__ = ["FactorPolicy", "ThresholdPolicy"]
 
@@ -24,25 +24,32 @@ class ThresholdPolicy(Policy):
             ``confidence_threshold``): a region's first step, which upstream runs as the cache refresh, commits
             only the region's first masked position, whatever its confidence; the threshold rule runs from the
             second step. Use it with Dream backbones in semi-AR blocks. Default: False (the LLaDA rule).
+        hold_end (bool): not Fast-dLLM's: an end-of-text proposal commits only once no active slot left of it
+            proposes text (`TraceLockPolicy`'s ``hold_end``, here so its effect can be told from the learned
+            controller's: docs/frontier.md). Default: False.
     """
 
     name = "threshold"
     deterministic = True
 
-    def __init__(self, tau: float = 0.9, first_token: bool = False) -> None:
+    def __init__(self, tau: float = 0.9, first_token: bool = False, hold_end: bool = False) -> None:
         super().__init__()
         if not isinstance(tau, int | float) or not 0 < tau <= 1:
             raise ValueError(f"tau={tau!r} must lie in (0, 1]; Fast-dLLM's default is 0.9")
         if not isinstance(first_token, bool):
             raise TypeError(f"first_token={first_token!r} must be a bool (True: Fast-dLLM's Dream variant)")
+        if not isinstance(hold_end, bool):
+            raise TypeError(f"hold_end={hold_end!r} must be a bool (True: hold end-of-text behind the text)")
         self.tau = float(tau)
         self.first_token = first_token
+        self.hold_end = hold_end
 
     def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
         conf = inp.signals.confidence
-        top1 = topk_mask(conf, inp.active, torch.ones_like(inp.region_step))
+        active = inp.active & ~held_ends(inp) if self.hold_end else inp.active
+        top1 = topk_mask(conf, active, torch.ones_like(inp.region_step))
         # upstream drops slot k >= 1 only when conf < threshold, so the boundary commits
-        chosen = top1 | (inp.active & (conf >= self.tau))
+        chosen = top1 | (active & (conf >= self.tau))
         if not self.first_token:
             return chosen
         # slots run left to right, so the first active slot is the region's first masked position

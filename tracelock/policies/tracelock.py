@@ -28,7 +28,7 @@ import torch
 from tracelock.controller import FALLBACKS
 from tracelock.kernels.ref import commit_margin_threshold, tap_project_ref
 
-from .base import Policy, StepInput, topk_mask
+from .base import Policy, StepInput, held_ends, topk_mask
 
 __all__ = ["TraceLockPolicy"]
 
@@ -69,13 +69,6 @@ def _load(controller, encoder, model):
 
 HELD = -1e4  # the score of a held slot: its margin is below any real one, so neither the rule nor the fallback picks it
 
-
-def held_ends(inp: StepInput) -> torch.Tensor:
-    """[B, R] active slots that propose the end token (its probability is the largest) while an active slot left
-    of them proposes text: what ``hold_end`` keeps masked. Slots are in position order."""
-    ends = inp.active & (inp.signals.eos_prob >= inp.signals.confidence) & (inp.signals.eos_prob > 0)
-    text = inp.active & ~ends
-    return ends & (text.cumsum(dim=1) > 0)
 
 
 class TraceLockPolicy(Policy):
