@@ -1,6 +1,7 @@
 """The picture of a verdict folder's judged cells (those with a learned curve), from its frontier.json and
 records.json, with the shipped commit rule's points of each cell beside them where the folder holds them
-(variant-<task>-<setting>.json, `bench/matched_runs.py --records`):
+(variant-<task>-<setting>.json, `bench/matched_runs.py --records`), and the threshold with the same end-of-text hold
+where it holds that control (control-<task>-<setting>.json):
 
     python bench/verdict_figure.py bench/results/verdict-testbed-llada docs/verdict.png
 """
@@ -14,13 +15,15 @@ from tracelock.eval.frontier import frontier_figure
 from tracelock.eval.matched import recompute_matched
 
 SHIPPED = "TraceLock-ST, shipped rule"
+HELD = "threshold, hold_end"
 
 
-def shipped_points(records: Path) -> list:
-    """The tracelock points of a records file as frontier curve points (accuracy and mean steps over its items)."""
+def points_of(records: Path, keep) -> list:
+    """The points of a records file whose name ``keep`` accepts, as frontier curve points (accuracy and mean steps
+    over its items)."""
     rec, out = json.loads(records.read_text()), []
     for name, p in rec["points"].items():
-        if name.split("/", 1)[1].startswith("tracelock"):
+        if keep(name):
             n = len(p["steps"])
             out.append(dict(avg_steps=sum(p["steps"]) / n, metric=p["correct"].count("1") / n, pareto=False))
     return out
@@ -31,8 +34,13 @@ result = recompute_matched(folder, resamples=10)  # only which cells are judged 
 judged = {t: {s: d for s, d in cells.items() if d["matched"]} for t, cells in result["tasks"].items()}
 for task, cells in judged.items():
     for setting, d in cells.items():
-        records = folder / f"variant-{task.split(':')[1]}-{setting.replace('/', '-')}.json"
-        if records.exists():
-            d["curves"] = {**d["curves"], SHIPPED: shipped_points(records)}
+        cell = f"{task.split(':')[1]}-{setting.replace('/', '-')}"
+        if (folder / f"variant-{cell}.json").exists():
+            # the frontier's TraceLock-ST curve is the paper's rule (the verdict); the shipped rule's points join it
+            d["curves"] = {(f"{k}, paper's rule" if k == "TraceLock-ST" else k): v for k, v in d["curves"].items()}
+            d["curves"][SHIPPED] = points_of(folder / f"variant-{cell}.json",
+                                             lambda name: name.split("/", 1)[1].startswith("tracelock"))
+        if (folder / f"control-{cell}.json").exists():  # the control: the threshold with the same end-of-text hold
+            d["curves"][HELD] = points_of(folder / f"control-{cell}.json", lambda name: name.startswith("held"))
 figure = frontier_figure(dict(result, tasks={t: cells for t, cells in judged.items() if cells}))
 atomic_write(png, lambda path: Path(path).write_bytes(figure))  # a killed run leaves the old picture whole

@@ -85,9 +85,10 @@ def test_the_verdict_pictures_are_drawn_from_the_committed_records(tmp_path, fam
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
 def test_the_verdict_tables_are_recomputed_from_the_committed_records(family):
-    """Every TraceLock-ST cell of the verdict, in the README (the gap, a column per task) and in docs/frontier.md (the
-    gap and the steps to the heuristics' best), is what `python -m tracelock.eval.matched` computes from
-    bench/results/verdict-testbed-<family> (its records, 1000 paired resamples, seed 0): all 16 cells."""
+    """Every TraceLock-ST cell of the verdict (the paper's commit rule), in the README (the gap, in the paper rule's
+    column) and in docs/frontier.md (the gap and the steps to the heuristics' best), is what `python -m
+    tracelock.eval.matched` computes from bench/results/verdict-testbed-<family> (its records, 1000 paired resamples,
+    seed 0): all 16 cells."""
     from tracelock.eval.matched import _interval_cell, recompute_matched
 
     result = recompute_matched(ROOT / "bench" / "results" / f"verdict-testbed-{family}")
@@ -101,7 +102,8 @@ def test_the_verdict_tables_are_recomputed_from_the_committed_records(family):
             v = d["matched"]["TraceLock-ST"]
             gap = _interval_cell(v["gap"], v["gap_interval"], 100, sign=True)
             row = next(line for line in readme if line.startswith(f"| {model} | {setting} | "))
-            assert row.split(" | ")[2 if name == "math" else 3].startswith(gap), (task, setting, row)
+            paper = row.split(" | ")[4].strip(" |").split(" / ")  # "math / code", the gaps without their intervals
+            assert paper[0 if name == "math" else 1] == gap.split(" [")[0], (task, setting, row)
             row = next(line for line in frontier if line.startswith(f"| {model}-family | {name} | {setting} | {gap}"))
             steps = v["steps_to_target"]
             assert (_interval_cell(steps, v["steps_to_target_interval"]) if steps is not None else "| never") in row
@@ -109,29 +111,72 @@ def test_the_verdict_tables_are_recomputed_from_the_committed_records(family):
     assert cells == 8
 
 
-@pytest.mark.parametrize("cell", ["math-64-32", "math-128-32", "code-128-32", "math-128-64", "code-128-64"])
-def test_the_variant_rule_cells_are_recomputed_from_the_committed_records(cell):
-    """Each `hold_end` + confidence-fallback test cell of docs/frontier.md (and the README's, where it names one) is
-    the gap at matched steps of bench/results/verdict-testbed-llada/variant-<cell>.json: the variant's points against
-    the heuristics' (one per step at 1/2/4 tokens, Fast-dLLM's tau), paired by item."""
+SHIPPED_RULE_CELLS = [(family, f"{task}-{setting}") for family in ("llada", "dream")
+                      for setting in ("64-16", "64-32", "128-32", "128-64") for task in ("math", "code")]
+
+
+def _cell_curves(records: Path) -> dict:
+    """{curve: ([0/1 per item per point], [steps per item per point])} of a `bench/matched_runs.py --records` file:
+    the tracelock points are one curve ("tracelock"), the heuristics group by their policy name without its knob."""
     import json
 
-    from tracelock.eval.matched import Curve, _interval_cell, verdict
-
-    rec = json.loads((ROOT / "bench" / "results" / "verdict-testbed-llada" / f"variant-{cell}.json").read_text())
     curves = {}
-    for name, p in rec["points"].items():
+    for name, p in json.loads(records.read_text())["points"].items():
         policy = name.split("/", 1)[1]
-        kind = "variant" if policy.startswith("tracelock") else re.sub(r"-(tau|per-step)-[0-9.]+$", "", policy)
+        kind = "tracelock" if policy.startswith("tracelock") else re.sub(r"-(tau|per-step)-[0-9.]+", "", policy)
         curves.setdefault(kind, ([], []))[0].append([float(c == "1") for c in p["correct"]])
         curves[kind][1].append(p["steps"])
-    variant = Curve("variant", *curves.pop("variant"))
-    assert set(curves) == {"confidence", "threshold"} and variant.n_items == len(rec["ids"]) == 500
-    v = verdict(variant, [Curve(k, *c) for k, c in curves.items()])
+    return curves
+
+
+@pytest.mark.parametrize(("family", "cell"), SHIPPED_RULE_CELLS)
+def test_the_shipped_rule_cells_are_recomputed_from_the_committed_records(family, cell):
+    """Each test cell of the shipped commit rule (docs/frontier.md's table and the README's, a column per task) is the
+    gap at matched steps of bench/results/verdict-testbed-<family>/variant-<cell>.json: its four points (theta 0.7,
+    0.8, 0.9, 0.95) against the verdict's heuristics (one per step at 1/2/4 tokens, Fast-dLLM's tau in each of the
+    family's forms), paired by item: all 16 cells."""
+    from tracelock.eval.matched import Curve, _interval_cell, verdict
+
+    curves = _cell_curves(ROOT / "bench" / "results" / f"verdict-testbed-{family}" / f"variant-{cell}.json")
+    shipped = Curve("shipped", *curves.pop("tracelock"))
+    forms = {"llada": {"confidence", "threshold"},
+             "dream": {"confidence-score-neg-entropy", "threshold", "threshold-first-token-true-curve-fast-dllm-dream"}}
+    assert set(curves) == forms[family] and shipped.n_items == 500 and len(shipped.correct) == 4
+    v = verdict(shipped, [Curve(k, *c) for k, c in curves.items()])
     gap = _interval_cell(v["gap"], v["gap_interval"], 100, sign=True)
     task, gen, width = cell.split("-")
+    model = {"llada": "LLaDA", "dream": "Dream"}[family]
     rows = [line for line in (ROOT / "docs" / "frontier.md").read_text().splitlines()
-            if line.startswith(f"| {task} {gen}/{width} |")]
+            if line.startswith(f"| {model} | {task} {gen}/{width} |")]
     assert len(rows) == 1 and f"| {gap}" in rows[0].replace("**", ""), (gap, rows)
-    if gen == "128":  # the README names the 128-token cells as "math +13.5 [+9.5, +16.9]"
-        assert f"{task} {gap}" in " ".join(README.read_text().split())
+    row = next(line for line in README.read_text().splitlines() if line.startswith(f"| {model} | {gen}/{width} | "))
+    assert row.split(" | ")[2 if task == "math" else 3].replace("**", "").startswith(gap), (gap, row)
+
+
+CONTROL_CELLS = sorted(p.stem.replace("control-", "") + "@" + p.parent.name.split("-")[-1]
+                       for p in (ROOT / "bench" / "results").glob("verdict-testbed-*/control-*.json"))
+
+
+@pytest.mark.parametrize("cell", CONTROL_CELLS)
+def test_the_control_cells_are_recomputed_from_the_committed_records(cell):
+    """The control (docs/frontier.md, "What the wins are made of"): the shipped rule's gap at matched steps against the
+    heuristics and Fast-dLLM's threshold given the same end-of-text hold, from
+    bench/results/verdict-testbed-<family>/control-<cell>.json, paired by item."""
+    from tracelock.eval.matched import Curve, _interval_cell, verdict
+
+    cell, family = cell.split("@")
+    curves = _cell_curves(ROOT / "bench" / "results" / f"verdict-testbed-{family}" / f"control-{cell}.json")
+    shipped = Curve("shipped", *curves.pop("tracelock"))
+    assert any(k.endswith("hold-end-true") for k in curves) and shipped.n_items == 500
+    v = verdict(shipped, [Curve(k, *c) for k, c in curves.items()])
+    gap = _interval_cell(v["gap"], v["gap_interval"], 100, sign=True)
+    task, gen, width = cell.split("-")
+    model = {"llada": "LLaDA", "dream": "Dream"}[family]
+    rows = [line for line in (ROOT / "docs" / "frontier.md").read_text().splitlines()
+            if line.startswith(f"| {model} | {task} {gen}/{width} (control) |")]
+    assert len(rows) == 1 and f"| {gap}" in rows[0], (gap, rows)
+
+
+def test_every_control_cell_is_in_the_docs():
+    controls = [line for line in (ROOT / "docs" / "frontier.md").read_text().splitlines() if "(control) |" in line]
+    assert len(controls) == len(CONTROL_CELLS) >= 1
