@@ -129,25 +129,34 @@ def _cell_curves(records: Path) -> dict:
     return curves
 
 
+def _shipped_gap(family: str, name: str) -> tuple:
+    """(the tracelock curve's gap at matched steps as the docs print it, the other curves' names, the tracelock
+    curve) of bench/results/verdict-testbed-<family>/<name>.json."""
+    from tracelock.eval.matched import Curve, _interval_cell, verdict
+
+    curves = _cell_curves(ROOT / "bench" / "results" / f"verdict-testbed-{family}" / f"{name}.json")
+    shipped = Curve("shipped", *curves.pop("tracelock"))
+    v = verdict(shipped, [Curve(k, *c) for k, c in curves.items()])
+    return _interval_cell(v["gap"], v["gap_interval"], 100, sign=True), set(curves), shipped
+
+
+def _frontier_rows(start: str) -> list:
+    return [line for line in (ROOT / "docs" / "frontier.md").read_text().splitlines() if line.startswith(start)]
+
+
 @pytest.mark.parametrize(("family", "cell"), SHIPPED_RULE_CELLS)
 def test_the_shipped_rule_cells_are_recomputed_from_the_committed_records(family, cell):
     """Each test cell of the shipped commit rule (docs/frontier.md's table and the README's, a column per task) is the
     gap at matched steps of bench/results/verdict-testbed-<family>/variant-<cell>.json: its four points (theta 0.7,
     0.8, 0.9, 0.95) against the verdict's heuristics (one per step at 1/2/4 tokens, Fast-dLLM's tau in each of the
     family's forms), paired by item: all 16 cells."""
-    from tracelock.eval.matched import Curve, _interval_cell, verdict
-
-    curves = _cell_curves(ROOT / "bench" / "results" / f"verdict-testbed-{family}" / f"variant-{cell}.json")
-    shipped = Curve("shipped", *curves.pop("tracelock"))
+    gap, heuristics, shipped = _shipped_gap(family, f"variant-{cell}")
     forms = {"llada": {"confidence", "threshold"},
              "dream": {"confidence-score-neg-entropy", "threshold", "threshold-first-token-true-curve-fast-dllm-dream"}}
-    assert set(curves) == forms[family] and shipped.n_items == 500 and len(shipped.correct) == 4
-    v = verdict(shipped, [Curve(k, *c) for k, c in curves.items()])
-    gap = _interval_cell(v["gap"], v["gap_interval"], 100, sign=True)
+    assert heuristics == forms[family] and shipped.n_items == 500 and len(shipped.correct) == 4
     task, gen, width = cell.split("-")
     model = {"llada": "LLaDA", "dream": "Dream"}[family]
-    rows = [line for line in (ROOT / "docs" / "frontier.md").read_text().splitlines()
-            if line.startswith(f"| {model} | {task} {gen}/{width} |")]
+    rows = _frontier_rows(f"| {model} | {task} {gen}/{width} |")
     assert len(rows) == 1 and f"| {gap}" in rows[0].replace("**", ""), (gap, rows)
     row = next(line for line in README.read_text().splitlines() if line.startswith(f"| {model} | {gen}/{width} | "))
     assert row.split(" | ")[2 if task == "math" else 3].replace("**", "").startswith(gap), (gap, row)
@@ -162,21 +171,15 @@ def test_the_control_cells_are_recomputed_from_the_committed_records(cell):
     """The control (docs/frontier.md, "What the wins are made of"): the shipped rule's gap at matched steps against the
     heuristics and Fast-dLLM's threshold given the same end-of-text hold, from
     bench/results/verdict-testbed-<family>/control-<cell>.json, paired by item."""
-    from tracelock.eval.matched import Curve, _interval_cell, verdict
-
     cell, family = cell.split("@")
-    curves = _cell_curves(ROOT / "bench" / "results" / f"verdict-testbed-{family}" / f"control-{cell}.json")
-    shipped = Curve("shipped", *curves.pop("tracelock"))
-    assert any(k.endswith("hold-end-true") for k in curves) and shipped.n_items == 500
-    v = verdict(shipped, [Curve(k, *c) for k, c in curves.items()])
-    gap = _interval_cell(v["gap"], v["gap_interval"], 100, sign=True)
+    gap, heuristics, shipped = _shipped_gap(family, f"control-{cell}")
+    assert any(k.endswith("hold-end-true") for k in heuristics) and shipped.n_items == 500
     task, gen, width = cell.split("-")
     model = {"llada": "LLaDA", "dream": "Dream"}[family]
-    rows = [line for line in (ROOT / "docs" / "frontier.md").read_text().splitlines()
-            if line.startswith(f"| {model} | {task} {gen}/{width} (control) |")]
+    rows = _frontier_rows(f"| {model} | {task} {gen}/{width} (control) |")
     assert len(rows) == 1 and f"| {gap}" in rows[0], (gap, rows)
 
 
 def test_every_control_cell_is_in_the_docs():
-    controls = [line for line in (ROOT / "docs" / "frontier.md").read_text().splitlines() if "(control) |" in line]
+    controls = [line for line in _frontier_rows("| ") if "(control) |" in line]
     assert len(controls) == len(CONTROL_CELLS) >= 1
