@@ -263,7 +263,7 @@ def test_the_commit_rule_is_fresh_paper_kept_by_a_warm_start_and_set_by_name(rea
     assert main(["train", *_cli(cache, str(tmp_path / "paper"), "--encoder", str(root / "encoder"))]) == 0
     assert json.loads((tmp_path / "paper" / "best.json").read_text())["commit_rule"] == {}
     assert main(["train", *_cli(cache, str(tmp_path / "held"), "--encoder", str(root / "encoder"),
-                                "--commit-rule", "hold-end")]) == 0
+                                "--commit-rule", "hold-end", "--confidence-input")]) == 0
     assert main(["train", *_cli(cache, str(tmp_path / "warm"), "--encoder", str(root / "encoder"),
                                 "--init", str(tmp_path / "held"))]) == 0
     assert json.loads((tmp_path / "warm" / "best.json").read_text())["commit_rule"]["hold_end"] is True
@@ -273,6 +273,8 @@ def test_the_commit_rule_is_fresh_paper_kept_by_a_warm_start_and_set_by_name(rea
     assert (paper.hold_end, paper.fallback) == (False, "score")
     told = TraceLockPolicy(tmp_path / "warm", model=model, hold_end=False, fallback="score")
     assert (told.hold_end, told.fallback) == (False, "score")
+    with_release = TraceLockPolicy(tmp_path / "warm", model=model, reference_release=True)
+    assert (with_release.hold_end, with_release.fallback) == (False, "score")  # the release's rule is the paper's
     prompts = [[5, 9, 13, 2, 7], [11, 4, 8]]
     ref_tokens, ref_stats = tracelock.reference_generate(model, prompts, policy=held, gen_length=16, window=8)
     tokens, stats = tracelock.fused_generate(model, prompts, policy=held, gen_length=16, window=8)

@@ -70,7 +70,6 @@ def _load(controller, encoder, model):
 HELD = -1e4  # the score of a held slot: its margin is below any real one, so neither the rule nor the fallback picks it
 
 
-
 class TraceLockPolicy(Policy):
     """Commit the active slots the controller deems stable.
 
@@ -94,7 +93,8 @@ class TraceLockPolicy(Policy):
             proposes text: the padding after the answer waits for the answer. In a window wider than the
             controller was trained on it committed the padding early and cut the answers short (docs/frontier.md,
             "The confident errors"). The fallback's one commit per step is kept (the leftmost masked slot is never
-            held). Default: the controller's commit rule (`ControllerConfig.commit_rule`), else False.
+            held). Default: the controller's commit rule (`ControllerConfig.commit_rule`; the paper's with
+            ``reference_release``), else False.
         fallback (str, optional): what a step commits when no slot clears theta: "score", the slot with the
             controller's largest margin (the paper's rule), "confidence" or "neg_entropy", the backbone's most
             certain slot by that score (the LLaDA and Dream families' one-per-step rules, so a high theta tends to
@@ -137,7 +137,8 @@ class TraceLockPolicy(Policy):
                              "(`tracelock train --confidence-input`)")
         self.theta, self.cap, self.inclusive = float(theta), cap, bool(reference_release)
         self.static_tau = None if static_tau is None else float(static_tau)
-        rule = self._controller.config.commit_rule  # what the controller deploys with, unless told otherwise
+        # what the controller deploys with, unless told otherwise; the reference release's rule is the paper's
+        rule = {} if reference_release else self._controller.config.commit_rule
         self.hold_end = rule.get("hold_end", False) if hold_end is None else hold_end
         self.fallback = rule.get("fallback", "score") if fallback is None else fallback
         self._margin_threshold = commit_margin_threshold(self.theta)
