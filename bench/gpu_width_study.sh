@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Controllers per deployment width, on one lent GPU in one short call. For each study FAMILY:WIDTH:GEN of STUDIES
-# (default: the three the CPU had no time for, side by side): traces of 200 training items per task in a window of
+# (default: the two the CPU had no time for, side by side; dream:32:64 ran on the CPU): traces of 200 training items per task in a window of
 # WIDTH at gen GEN under the family's own one-per-step rule (LLaDA: confidence; Dream: neg-entropy), a controller
 # trained on them (`--preset testbed`, the shipped controller's encoder, as the width study of docs/frontier.md did
 # at 16 and 32), its self-training at WIDTH, and, on 300 validation math items (seed 44) at GEN/WIDTH: the heuristics
@@ -16,7 +16,7 @@ set -uo pipefail
 OUT=${OUT:?set OUT to the folder whose files come back}
 W=${W:-/tmp/width-study}
 DEADLINE=${DEADLINE:-420}
-STUDIES=${STUDIES:-llada:64:128 dream:32:64 dream:64:128}
+STUDIES=${STUDIES:-llada:64:128 dream:64:128}
 DEVICE=cuda LIMIT=200 VAL=300 TRAIN=() ST_STEPS=1000 TAUS=(0.7 0.8 0.9 0.95)
 if [ "${DRY_RUN:-0}" = 1 ]; then
   DEVICE=cpu LIMIT=4 VAL=4 TRAIN=(--steps 20) ST_STEPS=10 TAUS=(0.9)
