@@ -7,7 +7,8 @@
 # (one per step at 1/2/4 tokens, Fast-dLLM tau 0.7-0.95, on Dream both forms), the shipped controller, the new
 # controller and its self-trained one (each under its own commit rule at theta 0.7, 0.8, 0.9, 0.95, and the paper's
 # at 0.9). Everything runs inside one DEADLINE; what is done by then comes back as $OUT/<study>.tar.xz (controllers,
-# run folders without traces, logs).
+# run folders without traces, logs), and $OUT/stages.json (the card, each stage's status and seconds) is written after
+# every stage.
 #
 #   OUT=/some/dir DEADLINE=420 bash bench/gpu_width_study.sh
 #   STUDIES=llada:64:128 OUT=/some/dir bash bench/gpu_width_study.sh     # one study (the first H200 call's)
@@ -28,10 +29,29 @@ python3 -c "import tracelock.kernels" 2>/dev/null \
 mkdir -p "$OUT" "$W"
 end=$((SECONDS + DEADLINE))
 say() { printf '[%s %s, %ss left] %s\n' "$1" "$(date +%T)" $((end - SECONDS)) "$2"; }
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+mark() {  # study stage status seconds: $OUT/stages.json after every stage (under a lock: studies run side by side)
+  python3 - "$OUT/stages.json" "$W/stages.lock" "$@" "${CARD:-cpu}" <<'PY'
+import fcntl, json, os, sys
+path, lock_path, study, stage, status, seconds, card = sys.argv[1:]
+with open(lock_path, "w") as lock:  # beside the work, not in $OUT (what comes back)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    data = json.load(open(path)) if os.path.exists(path) else {"device": card, "stages": {}}
+    data["stages"].setdefault(study, {})[stage] = {"status": status, "seconds": int(seconds)}
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(path + ".tmp", path)
+PY
+}
 run() {  # dir log command...: the command under what is left of DEADLINE
-  local dir=$1 log=$2 t=$((end - SECONDS)); shift 2
-  [ "$t" -gt 5 ] || { echo "no time left for $dir/$log"; return 1; }
-  timeout "$t" python3 -m tracelock "$@" >"$dir/$log.log" 2>&1 || { echo "$dir/$log failed or cut off:"; tail -3 "$dir/$log.log"; return 1; }
+  local dir=$1 log=$2 t=$((end - SECONDS)) start=$SECONDS; shift 2
+  [ "$t" -gt 5 ] || { echo "no time left for $dir/$log"; mark "${dir##*/}" "$log" skipped 0; return 1; }
+  if timeout "$t" python3 -m tracelock "$@" >"$dir/$log.log" 2>&1; then
+    mark "${dir##*/}" "$log" ok $((SECONDS - start))
+  else
+    echo "$dir/$log failed or cut off:"; tail -3 "$dir/$log.log"
+    mark "${dir##*/}" "$log" failed $((SECONDS - start)); return 1
+  fi
 }
 
 study() {  # family width gen
