@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tracelock import sandbox
-from tracelock.sandbox import check_many, check_program, run_python
+from tracelock.sandbox import check_many, check_program, cpu_seconds_for, run_python
 
 FEATURES = sandbox.probe_isolation()
 
@@ -74,6 +74,14 @@ def test_cpu_limit_kills():
     assert r.status == "killed"
     assert r.returncode in (-signal.SIGXCPU, -signal.SIGKILL)
     assert r.seconds < 5
+
+
+def test_cpu_limit_sits_above_the_wall_clock():
+    # equal limits raced: on a loaded machine an endless loop's SIGXCPU could land before the harness polled its
+    # deadline, and the run read "killed" instead of "timeout"
+    assert [cpu_seconds_for(t) for t in (0.5, 1, 1.2, 10)] == [2, 2, 3, 11]
+    r = run_python("while True:\n    pass\n", timeout=1, cpu_seconds=cpu_seconds_for(1))
+    assert (r.status, r.returncode) == ("timeout", None)
 
 
 def test_memory_bomb_fails():

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import math
 import os
 import pwd
 import resource
@@ -354,6 +355,14 @@ def _collect(proc: subprocess.Popen, timeout: float) -> tuple[str, str, bool]:
     out = out[:OUTPUT_LIMIT] + b"\n[... truncated]" if len(out) > OUTPUT_LIMIT else out
     err = b"[truncated ...]\n" + err[-OUTPUT_LIMIT:] if len(err) > OUTPUT_LIMIT else err
     return out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), timed_out
+
+
+def cpu_seconds_for(timeout: float) -> int:
+    """The CPU-time limit to pair with a wall-clock ``timeout``: one second above it. With equal limits a busy
+    single-threaded program races the two (its SIGXCPU can land before a loaded harness notices the deadline, and
+    an endless loop reads "killed"); one second apart, it always reaches the wall clock first ("timeout"), while a
+    program burning several cores is still stopped by CPU time."""
+    return math.ceil(timeout) + 1
 
 
 def run_python(source: str, *, timeout: float = 5.0, cpu_seconds: int = 5, memory_mb: int = 512,

@@ -19,11 +19,10 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
-import math
 import os
 from pathlib import Path
 
-from tracelock.sandbox import RunResult, check_many, check_program
+from tracelock.sandbox import RunResult, check_many, check_program, cpu_seconds_for
 
 __all__ = ["build_prompt", "humaneval_check", "humaneval_check_many", "humaneval_run_many", "load_problems",
            "truncate_completion"]
@@ -146,7 +145,7 @@ def _limits(timeout_s: float, memory_mb: int) -> dict:
     if not timeout_s > 0 or memory_mb < 64:
         raise ValueError(f"timeout_s must be > 0 and memory_mb >= 64 (the interpreter needs about 30), got "
                          f"{timeout_s}, {memory_mb}")
-    return {"timeout": timeout_s, "cpu_seconds": math.ceil(timeout_s), "memory_mb": memory_mb}
+    return {"timeout": timeout_s, "cpu_seconds": cpu_seconds_for(timeout_s), "memory_mb": memory_mb}
 
 
 def humaneval_check(problem: dict, completion: str, *, timeout_s: float = TIMEOUT_S,
@@ -156,7 +155,7 @@ def humaneval_check(problem: dict, completion: str, *, timeout_s: float = TIMEOU
     Args:
         problem: a HumanEval record (`load_problems`).
         completion: the text that continues the prompt, as given (see `truncate_completion` for raw model output).
-        timeout_s: wall-clock seconds (also the CPU-time limit, rounded up); a timeout is a failure.
+        timeout_s: wall-clock seconds (the CPU-time limit is one second above it); a timeout is a failure.
         memory_mb: the address-space limit of the process.
     """
     program, tests, entry_point = _job(problem, completion, "problem")

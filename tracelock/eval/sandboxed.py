@@ -6,9 +6,7 @@ network and, where the kernel permits, a read-only file tree and its own PID nam
 
 from __future__ import annotations
 
-import math
-
-from tracelock.sandbox import RunResult, run_python
+from tracelock.sandbox import RunResult, cpu_seconds_for, run_python
 
 __all__ = ["run_sandboxed"]
 
@@ -18,7 +16,8 @@ def run_sandboxed(code: str, *, timeout_s: float = 10.0, memory_mb: int = 512) -
 
     Args:
         code: a complete Python program.
-        timeout_s: wall-clock seconds before the run is killed; also the CPU-time limit, rounded up.
+        timeout_s: wall-clock seconds before the run is killed (status "timeout"); the CPU-time limit is one
+            second above it, rounded up (`tracelock.sandbox.cpu_seconds_for`).
         memory_mb: the address-space limit in MiB.
 
     Returns:
@@ -30,4 +29,4 @@ def run_sandboxed(code: str, *, timeout_s: float = 10.0, memory_mb: int = 512) -
         raise TypeError(f"code must be a str holding a Python program, got {type(code).__name__}")
     if not timeout_s > 0 or memory_mb < 1:
         raise ValueError(f"timeout_s must be > 0 and memory_mb >= 1, got {timeout_s}, {memory_mb}")
-    return run_python(code, timeout=timeout_s, cpu_seconds=math.ceil(timeout_s), memory_mb=memory_mb)
+    return run_python(code, timeout=timeout_s, cpu_seconds=cpu_seconds_for(timeout_s), memory_mb=memory_mb)
