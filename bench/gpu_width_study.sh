@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Controllers per deployment width, on one lent GPU in one short call. For each study FAMILY:WIDTH:GEN of STUDIES
-# (default: the two width-64 studies side by side; each has also run on a CPU, docs/frontier.md): traces of 200
-# training items per task in a window of WIDTH at gen GEN under the family's own one-per-step rule (LLaDA: confidence;
-# Dream: neg-entropy), a controller trained on them (`--preset testbed`, the shipped controller's encoder, as
+# (default: the two width-64 studies side by side; each has also run on a CPU, docs/frontier.md): traces of 200 training
+# items per task in a window of WIDTH at gen GEN under the family's own one-per-step rule (LLaDA: confidence; Dream:
+# neg-entropy), a controller trained on them (`--preset testbed`, the shipped controller's encoder, as
 # docs/frontier.md's width study did), its self-training at WIDTH, and, on 300 validation math items (seed 44) at
-# GEN/WIDTH: the heuristics (one per step at 1/2/4 tokens, Fast-dLLM tau 0.7-0.95, on Dream both forms), the shipped controller, the new
-# controller and its self-trained one (each under its own commit rule at theta 0.7, 0.8, 0.9, 0.95, and the paper's
-# at 0.9). Everything runs inside one DEADLINE; what is done by then comes back as $OUT/<study>.tar.xz (controllers,
-# run folders without traces, logs), and $OUT/stages.json (the card, each stage's status and seconds) is written after
-# every stage.
+# GEN/WIDTH: the heuristics (one per step at 1/2/4 tokens, Fast-dLLM tau 0.7-0.95, on Dream both forms), the shipped
+# controller, the new controller and its self-trained one (each under its own commit rule at theta 0.7, 0.8, 0.9, 0.95,
+# and the paper's at 0.9). Everything runs inside one DEADLINE; what is done by then comes back as $OUT/<study>.tar.xz
+# (controllers, run folders without traces, logs), and $OUT/stages.json (the card, each stage's status and seconds) is
+# written after every stage.
 #
 #   OUT=/some/dir DEADLINE=420 bash bench/gpu_width_study.sh
 #   STUDIES=llada:64:128 OUT=/some/dir bash bench/gpu_width_study.sh     # one study (the first H200 call's)
