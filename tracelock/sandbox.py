@@ -358,21 +358,22 @@ def _collect(proc: subprocess.Popen, timeout: float) -> tuple[str, str, bool]:
 
 
 def cpu_seconds_for(timeout: float) -> int:
-    """The CPU-time limit to pair with a wall-clock ``timeout``: one second above it. With equal limits a busy
+    """The default CPU-time limit for a wall-clock ``timeout``: one second above it. With equal limits a busy
     single-threaded program races the two (its SIGXCPU can land before a loaded harness notices the deadline, and
     an endless loop reads "killed"); one second apart, it always reaches the wall clock first ("timeout"), while a
     program burning several cores is still stopped by CPU time."""
     return math.ceil(timeout) + 1
 
 
-def run_python(source: str, *, timeout: float = 5.0, cpu_seconds: int = 5, memory_mb: int = 512,
+def run_python(source: str, *, timeout: float = 5.0, cpu_seconds: int | None = None, memory_mb: int = 512,
                max_processes: int = 16, max_file_mb: int = 1, network: bool = False) -> RunResult:
     """Run untrusted Python source in a fresh sandboxed subprocess.
 
     Args:
         source: the program; written to a file in the run's temporary directory, never put on a command line.
         timeout: wall-clock seconds before the whole process group is killed (status "timeout").
-        cpu_seconds: RLIMIT_CPU; SIGXCPU at the limit, SIGKILL one second later (status "killed").
+        cpu_seconds: RLIMIT_CPU; SIGXCPU at the limit, SIGKILL one second later (status "killed"); None:
+            ``cpu_seconds_for(timeout)``, one second above the wall clock.
         memory_mb: RLIMIT_AS in MiB (the interpreter itself needs about 30).
         max_processes: RLIMIT_NPROC; it counts all processes and threads of the child's user: ``nobody`` (shared
             by concurrent runs) when the harness is root, else the harness's own user.
@@ -382,6 +383,8 @@ def run_python(source: str, *, timeout: float = 5.0, cpu_seconds: int = 5, memor
     Returns:
         A RunResult; stdout and stderr are cut to ``OUTPUT_LIMIT`` bytes (head of stdout, tail of stderr).
     """
+    if cpu_seconds is None and timeout > 0:
+        cpu_seconds = cpu_seconds_for(timeout)
     if timeout <= 0 or min(cpu_seconds, memory_mb, max_processes, max_file_mb) < 1:
         raise ValueError("timeout must be > 0 and cpu_seconds, memory_mb, max_processes, max_file_mb >= 1")
     start = time.perf_counter()

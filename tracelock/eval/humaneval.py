@@ -22,7 +22,7 @@ import json
 import os
 from pathlib import Path
 
-from tracelock.sandbox import RunResult, check_many, check_program, cpu_seconds_for
+from tracelock.sandbox import RunResult, check_many, check_program
 
 __all__ = ["build_prompt", "humaneval_check", "humaneval_check_many", "humaneval_run_many", "load_problems",
            "truncate_completion"]
@@ -145,7 +145,7 @@ def _limits(timeout_s: float, memory_mb: int) -> dict:
     if not timeout_s > 0 or memory_mb < 64:
         raise ValueError(f"timeout_s must be > 0 and memory_mb >= 64 (the interpreter needs about 30), got "
                          f"{timeout_s}, {memory_mb}")
-    return {"timeout": timeout_s, "cpu_seconds": cpu_seconds_for(timeout_s), "memory_mb": memory_mb}
+    return {"timeout": timeout_s, "memory_mb": memory_mb}
 
 
 def humaneval_check(problem: dict, completion: str, *, timeout_s: float = TIMEOUT_S,

@@ -6,7 +6,7 @@ network and, where the kernel permits, a read-only file tree and its own PID nam
 
 from __future__ import annotations
 
-from tracelock.sandbox import RunResult, cpu_seconds_for, run_python
+from tracelock.sandbox import RunResult, run_python
 
 __all__ = ["run_sandboxed"]
 
@@ -29,4 +29,4 @@ def run_sandboxed(code: str, *, timeout_s: float = 10.0, memory_mb: int = 512) -
         raise TypeError(f"code must be a str holding a Python program, got {type(code).__name__}")
     if not timeout_s > 0 or memory_mb < 1:
         raise ValueError(f"timeout_s must be > 0 and memory_mb >= 1, got {timeout_s}, {memory_mb}")
-    return run_python(code, timeout=timeout_s, cpu_seconds=cpu_seconds_for(timeout_s), memory_mb=memory_mb)
+    return run_python(code, timeout=timeout_s, memory_mb=memory_mb)
