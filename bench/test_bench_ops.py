@@ -1,5 +1,6 @@
 """The loop's per-step bookkeeping (apply_commits, skip_finished_blocks): torch reference vs the C++ CPU op, at
-decode-loop sizes."""
+decode-loop sizes; for the block advance also its spec (a host-synced loop) beside the loop-free torch
+implementation."""
 
 import platform
 
@@ -49,7 +50,7 @@ def test_apply_commits(benchmark, impl, B, L):
 BLOCK_SIZES = [(1, 64, 16, 4), (64, 64, 16, 8)]
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", ["spec"] + IMPLS)
 @pytest.mark.parametrize("B,P,block,regions", BLOCK_SIZES,
                          ids=[f"B{b}-L{p + k * r}-block{k}" for b, p, k, r in BLOCK_SIZES])
 def test_skip_finished_blocks(benchmark, impl, B, P, block, regions):
@@ -61,7 +62,10 @@ def test_skip_finished_blocks(benchmark, impl, B, P, block, regions):
 
     def step():
         counters = [zeros.clone() for _ in range(4)]
-        ops.skip_finished_blocks(state, *counters, rows, *args, impl=impl)
+        if impl == "spec":
+            skip_finished_blocks_ref(state, *counters, rows, *args)
+        else:
+            ops.skip_finished_blocks(state, *counters, rows, *args, impl=impl)
         return counters
 
     ref = [zeros.clone() for _ in range(4)]

@@ -157,11 +157,15 @@ def window_logits_stats_ref(hidden: torch.Tensor, weight: torch.Tensor, eos_id: 
     return proposal, max_prob, second_prob, neg_entropy, eos_prob
 
 
-def commit_margin_threshold(theta: float) -> float:
-    """The fp32 ``t`` with ``m > t  <=>  sigmoid(m) > theta`` for every fp32 margin ``m`` (sigmoid in exact
-    arithmetic): ``logit(theta)`` rounded down to fp32. Deciding on the margin keeps ``exp`` rounding out of the
-    commit rule, so every implementation commits the same slots bit for bit, and margins above ~17, whose fp32
+def commit_margin_threshold(theta: float, inclusive: bool = False) -> float:
+    """The fp32 ``t`` with ``m > t  <=>  sigmoid(m) > theta`` (``>= theta`` when ``inclusive``) for every fp32
+    margin ``m``, sigmoid in exact arithmetic: ``logit(theta)`` rounded down to fp32, one fp32 step lower when
+    ``inclusive`` and ``logit(theta)`` is itself an fp32 value. Deciding on the margin keeps ``exp`` rounding out of
+    the commit rule, so every implementation commits the same slots bit for bit, and margins above ~17, whose fp32
     sigmoid is 1.0, stay ordered. theta = 0 gives -inf (every finite margin passes), theta = 1 gives +inf (none).
+
+    The reference release's inclusive rule is ``fp32 sigmoid(m) >= theta``: the exact form here differs from it only
+    where fp32 rounds the sigmoid across theta, for margins within about 1e-5 of ``logit(theta)``.
     """
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0.0 <= theta <= 1.0:
         raise ValueError(f"theta must be a probability in [0, 1], got {theta!r}")
@@ -169,9 +173,52 @@ def commit_margin_threshold(theta: float) -> float:
         return -math.inf if theta == 0.0 else math.inf
     t = math.log(theta) - math.log1p(-theta)
     t32 = torch.tensor(t, dtype=torch.float64).float()
-    if t32.double() > t:
+    if t32.double() > t or (inclusive and t32.double() == t):
         t32 = torch.nextafter(t32, torch.tensor(-math.inf))
     return float(t32)
+
+
+def commit_select_ref(m: torch.Tensor, live: torch.Tensor, margin_threshold: float, cap: int,
+                      fallback_score: torch.Tensor | None = None, held: torch.Tensor | None = None) -> torch.Tensor:
+    """The selection half of the commit rule: which slots of each row commit at this step. `commit_step_ref` and
+    every policy whose rule this is (`TraceLockPolicy.select`) call this one function, so the kernel and the torch
+    path are one rule.
+
+    A slot is *eligible* when ``live``, not ``held`` and its margin ``m`` is not NaN (NaN never commits). Eligible
+    slots with ``m > margin_threshold`` pass (`commit_margin_threshold` turns ``sigmoid(m) > theta`` into it). With
+    ``cap > 0`` only the ``cap`` passing slots of highest ``m`` stay, ties to the lowest slot. When no slot passes,
+    the eligible slot of highest ``fallback_score`` commits (the margin when None; a NaN score never wins), ties to
+    the lowest slot; a row with no eligible slot commits nothing. Held slots (an end-of-text proposal waiting for the
+    text left of it, ``policies.base.held_ends``) neither pass nor fall back.
+
+    Args:
+        m (torch.Tensor): [B, R] fp32 margins ``score - tau``.
+        live (torch.Tensor): [B, R] bool slots that may commit (active, ACTIVE on the canvas).
+        margin_threshold (float): pass when ``m > margin_threshold``.
+        cap (int): most passing slots per row; 0 = no cap.
+        fallback_score (torch.Tensor, optional): [B, R] what the fallback maximises (upcast to fp32); None: ``m``.
+        held (torch.Tensor, optional): [B, R] bool slots kept masked this step; None: none.
+
+    Returns:
+        commit (torch.Tensor): [B, R] bool.
+    """
+    R = m.shape[1]
+    eligible = live & ~m.isnan()
+    if held is not None:
+        eligible &= ~held
+    passing = eligible & (m > margin_threshold)
+    slot = torch.arange(R, device=m.device)
+    if cap > 0:
+        # beats[b, j, i]: slot j outranks slot i (higher m, or equal m at a lower slot)
+        beats = (m[:, :, None] > m[:, None, :]) | ((m[:, :, None] == m[:, None, :]) & (slot[:, None] < slot[None, :]))
+        rank = (beats & passing[:, :, None]).sum(1)
+        passing &= rank < cap
+    f = m if fallback_score is None else fallback_score.float()
+    candidate = eligible & ~f.isnan()
+    # the lowest slot among the candidates of highest f (equality, not argmax, so a candidate f = -inf counts)
+    best_f = torch.where(candidate, f, -math.inf).amax(1, keepdim=True)
+    best = torch.where(candidate & (f == best_f), slot, R).amin(1, keepdim=True)
+    return passing | ((slot == best) & ~passing.any(1, keepdim=True))
 
 
 def commit_step_ref(
@@ -185,18 +232,23 @@ def commit_step_ref(
     end_ids: torch.Tensor,
     theta: float,
     cap: int,
+    fallback_score: torch.Tensor | None = None,
+    held: torch.Tensor | None = None,
+    inclusive: bool = False,
+    fill_id: int = 0,
+    stop_at_eot: bool = False,
 ) -> tuple:
     """One step's commit rule over the window's slots, in place on the canvas, with no host sync.
 
-    The margin is ``m = score - tau`` (fp32) and ``p = sigmoid(m)``. A slot is *live* when ``active``, its position
-    lies in [0, L) and is ACTIVE on the canvas (only ACTIVE ever moves), and ``m`` is not NaN (NaN never commits).
-    Live slots with ``p > theta`` (strict: ``p == theta`` does not commit) pass, decided exactly as
-    ``m > commit_margin_threshold(theta)``. With ``cap > 0`` only the ``cap`` passing slots of highest ``p`` stay,
-    ties to the lowest slot. When no live slot passes, the single best live slot commits (highest ``p``, ties to
-    the lowest slot); a row with no live slot commits nothing. "Highest p" is highest ``m``, and a tie is equal
-    ``m``: sigmoid is strictly increasing, so this is the order of the exact probabilities. A committed slot writes
-    ``x = proposal`` at its position and ``state = EOT`` if the proposal is one of ``end_ids``, else LOCKED.
-    The live slots of a row must have distinct positions (a window's slots do); R >= 1 and L >= 1.
+    The margin is ``m = score - tau`` (fp32). A slot is *live* when ``active`` and its position lies in [0, L) and is
+    ACTIVE on the canvas (only ACTIVE ever moves). Which live slots commit is `commit_select_ref` with the margin
+    threshold ``commit_margin_threshold(theta, inclusive)``: ``sigmoid(m) > theta`` (``>=`` when ``inclusive``, the
+    reference release's rule), at most ``cap`` by highest ``m``, and when none passes the best by ``fallback_score``
+    (the margin when None: the paper's rule; the backbone's confidence or neg-entropy: the shipped rule), never a
+    ``held`` slot. A committed slot writes ``x = proposal`` at its position and ``state = EOT`` if the proposal is
+    one of ``end_ids``, else LOCKED. Then, with ``stop_at_eot``, as `apply_commits_ref`: every still-ACTIVE position
+    after the row's first EOT (this step's or an earlier one's) becomes EOT with ``x = fill_id``. The live slots of
+    a row must have distinct positions (a window's slots do); R >= 1 and L >= 1.
 
     Args:
         score (torch.Tensor): [B, R] controller score ``a`` at the slots, fp32 (fp16/bf16 are upcast).
@@ -209,29 +261,23 @@ def commit_step_ref(
         end_ids (torch.Tensor): [E] int64 end tokens; E may be 0.
         theta (float): commit probability threshold in [0, 1].
         cap (int): most commits per row per step; 0 = no cap.
+        fallback_score (torch.Tensor, optional): [B, R] the fallback's score, fp32 (fp16/bf16 upcast); None: ``m``.
+        held (torch.Tensor, optional): [B, R] bool slots that may not commit this step; None: none.
+        inclusive (bool): ``sigmoid(m) >= theta`` instead of ``>``.
+        fill_id (int): the pad token written after the first EOT under ``stop_at_eot``.
+        stop_at_eot (bool): fill the still-active tail of a row once it holds an EOT.
 
     Returns:
         first_active (torch.Tensor): [B] int64 first ACTIVE position per row after the commits, or L if none
             (the window's new left pointer).
-        done (torch.Tensor): [B] bool ``first_active == L``.
+        committed (torch.Tensor): [B] int64 slots committed per row (the fill not counted).
     """
     B, L = x.shape
-    R = score.shape[1]
     m = score.float() - tau.float()[:, None]
     in_canvas = (positions >= 0) & (positions < L)
     pos = positions.clamp(0, L - 1)
-    live = active & in_canvas & (state.gather(1, pos) == ACTIVE) & ~m.isnan()
-    passing = live & (m > commit_margin_threshold(theta))
-    slot = torch.arange(R, device=score.device)
-    if cap > 0:
-        # beats[b, j, i]: slot j outranks slot i (higher m, or equal m at a lower slot)
-        beats = (m[:, :, None] > m[:, None, :]) | ((m[:, :, None] == m[:, None, :]) & (slot[:, None] < slot[None, :]))
-        rank = (beats & passing[:, :, None]).sum(1)
-        passing &= rank < cap
-    # fallback: the lowest slot among the live slots of highest m (equality, not argmax, so a live m = -inf counts)
-    best_m = torch.where(live, m, -math.inf).amax(1, keepdim=True)
-    best = torch.where(live & (m == best_m), slot, R).amin(1, keepdim=True)
-    commit = passing | ((slot == best) & ~passing.any(1, keepdim=True))
+    live = active & in_canvas & (state.gather(1, pos) == ACTIVE)
+    commit = commit_select_ref(m, live, commit_margin_threshold(theta, inclusive), cap, fallback_score, held)
     new_state = torch.where(torch.isin(proposal, end_ids), EOT, LOCKED).to(state.dtype)
     # scatter through a sentinel column L: slots that do not commit all write there, so they never collide with
     # a committed slot's position, and no boolean indexing (a host sync) is needed
@@ -240,6 +286,10 @@ def commit_step_ref(
     state_ext = torch.cat([state, state.new_zeros((B, 1))], dim=1).scatter_(1, idx, new_state)
     x.copy_(x_ext[:, :L])
     state.copy_(state_ext[:, :L])
+    if stop_at_eot:
+        fill = ((state == EOT).cumsum(1) > 0) & (state == ACTIVE)
+        x.masked_fill_(fill, fill_id)
+        state.masked_fill_(fill, EOT)
     still = torch.cat([state == ACTIVE, torch.ones((B, 1), dtype=torch.bool, device=x.device)], dim=1)
     first_active = torch.where(still, torch.arange(L + 1, device=x.device), L).amin(1)
-    return first_active, first_active == L
+    return first_active, commit.sum(1)

@@ -47,5 +47,5 @@ def test_default_impls_on_cuda():
 
     cuda = torch.device("cuda")
     expected = "cuda" if _ext.has_cuda_ext() else "torch"
-    assert _pick_impl("apply_commits", None, cuda, ("torch", "cpp", "cuda")) == expected
-    assert _pick_impl("window_logits_stats", None, cuda, ("torch", "triton")) == "triton"
+    assert _pick_impl("apply_commits", None, cuda) == expected
+    assert _pick_impl("window_logits_stats", None, cuda) == "triton"

@@ -105,7 +105,7 @@ def _every_policy(model):
             ("entropy", {}, dict(window=8), 1), ("threshold", {"tau": 0.7}, dict(block=4, cache="prefix"), 2),
             ("factor", {}, dict(block=4, cache="prefix"), 1), (tracelock_policy, {}, dict(window=8, cache="dual"), 2),
             (TraceLockPolicy(controller, encoder, theta=0.55, cap=2), {}, dict(stop_at_eot=True), 1),
-            # the shipped controllers' rule: the step closes in `select`, not in the commit op
+            # the shipped controllers' rule (hold_end, the backbone's score as fallback), closed by the commit op
             (TraceLockPolicy(controller, encoder, theta=0.55, hold_end=True, fallback="confidence"), {},
              dict(window=8), 2),
             (L2PPolicy(step_l2p_filter(model), filter_block=4), {}, dict(block=4, cache="prefix"), 1)]

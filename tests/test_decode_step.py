@@ -13,6 +13,7 @@ from tracelock.decode.schedule import Schedule
 from tracelock.decode.step import close_step, commit_region, gen_lengths, scatter_slots, step_input
 from tracelock.kernels.ref import apply_commits_ref, commit_step_ref, skip_finished_blocks_ref
 from tracelock.policies import Policy, make_policy
+from tracelock.policies.base import CommitRule
 from tracelock.signals import Signals
 
 PACKAGE = Path(__file__).resolve().parent.parent / "tracelock"
@@ -98,20 +99,30 @@ def test_close_step_commits_what_the_policy_chooses(stop_at_eot):
     assert (state[:, P:P + 4] == states.LOCKED).sum().item() == 3
 
 
-def test_close_step_takes_the_commit_step_op_for_a_policy_with_its_rule():
+@pytest.mark.parametrize("stop_at_eot", [False, True])
+def test_close_step_takes_the_commit_step_op_for_a_policy_with_its_rule(stop_at_eot):
     class MarginRule(Policy):
         """TraceLock's rule (commit where sigmoid(score - tau) > theta) on scores made from the confidences."""
 
         name = "margin-rule"
 
         def commit_rule(self, inp):
-            return inp.signals.confidence * 10 - 5, torch.zeros(2), 0.5, 0
+            return CommitRule(inp.signals.confidence * 10 - 5, torch.zeros(2), 0.5, 0)
 
         def decide(self, inp, generator=None):
             raise AssertionError("the commit_step op closes this step")
 
     inp, region, x, state = _step(None, window=4)
     first_active, committed = close_step(MarginRule(), inp, region, x, state, None, end_ids=torch.tensor([1]), pad_id=0,
-                                         stop_at_eot=False, apply_commits=apply_commits_ref,
+                                         stop_at_eot=stop_at_eot, apply_commits=apply_commits_ref,
                                          commit_step=commit_step_ref)
     assert committed.tolist() == [2, 1] and first_active.tolist() == [3, 2]
+    # with stop_at_eot too (an end token committed: the tail after it is filled, not counted as commits)
+    inp, region, x, state = _step(None, window=4)
+    first_active, committed = close_step(MarginRule(), inp, region, x, state, None, end_ids=torch.tensor([11]),
+                                         pad_id=0, stop_at_eot=stop_at_eot, apply_commits=apply_commits_ref,
+                                         commit_step=commit_step_ref)
+    assert committed.tolist() == [2, 1]
+    assert first_active.tolist() == ([L, 2] if stop_at_eot else [3, 2])
+    want = [99, 99, 11, 0, 13, 0, 0, 0, 0, 0] if stop_at_eot else [99, 99, 11, 99, 13, 99, 99, 99, 99, 99]
+    assert x[0].tolist() == want

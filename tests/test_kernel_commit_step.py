@@ -47,12 +47,27 @@ def make_window(B, L, R, *, score_scale=3.0, score_dtype=torch.float32):
     return [t.to(DEVICE) for t in (score.to(score_dtype), tau.to(score_dtype), active, proposal, positions, x, state)]
 
 
-def run_both(score, tau, active, proposal, positions, x, state, end_ids=END_IDS, theta=0.95, cap=0):
+def rule_inputs(B, R, rule, score_dtype=torch.float32):
+    """The rule's keyword arguments: a fallback score (confidence-like, with ties), held slots, inclusive, the
+    end-of-text fill."""
+    kw = {}
+    if "fallback" in rule:
+        kw["fallback_score"] = (torch.randint(0, 6, (B, R)) / 6).to(score_dtype).to(DEVICE)  # ties come up
+    if "held" in rule:
+        kw["held"] = (torch.rand(B, R) < 0.3).to(DEVICE)
+    if "inclusive" in rule:
+        kw["inclusive"] = True
+    if "eot" in rule:
+        kw.update(fill_id=99, stop_at_eot=True)
+    return kw
+
+
+def run_both(score, tau, active, proposal, positions, x, state, end_ids=END_IDS, theta=0.95, cap=0, **rule):
     from tracelock.kernels.commit_step import commit_step_triton
 
     ref_x, ref_state, tri_x, tri_state = x.clone(), state.clone(), x.clone(), state.clone()
-    ref = commit_step_ref(score, tau, active, proposal, positions, ref_x, ref_state, end_ids, theta, cap)
-    tri = commit_step_triton(score, tau, active, proposal, positions, tri_x, tri_state, end_ids, theta, cap)
+    ref = commit_step_ref(score, tau, active, proposal, positions, ref_x, ref_state, end_ids, theta, cap, **rule)
+    tri = commit_step_triton(score, tau, active, proposal, positions, tri_x, tri_state, end_ids, theta, cap, **rule)
     assert torch.equal(ref_x, tri_x), "x differs"
     assert torch.equal(ref_state, tri_state), "state differs"
     assert torch.equal(ref[0], tri[0]) and torch.equal(ref[1], tri[1]), (ref, tri)
@@ -63,56 +78,97 @@ def committed(state_before, state_after):
     return (state_before != state_after).nonzero().tolist()
 
 
+RULES = ["paper", "fallback", "held", "fallback-held", "inclusive", "eot", "fallback-held-eot"]
+
+
+@pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("theta, cap", [(0.95, 0), (0.5, 3), (0.9, 1), (0.0, 0)], ids=lambda v: str(v))
 @pytest.mark.parametrize("B, L, R", SHAPES, ids=[f"B{b}-L{l}-R{r}" for b, l, r in SHAPES])
-def test_commit_step_matches_ref(poisoned_empty, B, L, R, theta, cap):
+def test_commit_step_matches_ref(poisoned_empty, B, L, R, theta, cap, rule):
     args = make_window(B, L, R)
-    _, new_state, (first_active, done) = run_both(*args, theta=theta, cap=cap)
+    kw = rule_inputs(B, R, rule)
+    new_x, new_state, (first_active, n) = run_both(*args, theta=theta, cap=cap, **kw)
     state = args[6]
     moved = (new_state != state).sum(1)
     assert ((new_state != state) <= (state == ACTIVE)).all(), "only ACTIVE positions may move"
-    if cap:
-        assert (moved <= cap).all()
+    if "eot" not in rule:
+        assert torch.equal(moved, n)  # without the fill, the positions that moved are the slots committed
+        if cap:
+            assert (moved <= cap).all()
     if B > 1:
-        assert moved[1] == 0  # no active slot
-    if B > 2 and theta > 0:
-        assert moved[2] == 1  # nothing passes: the fallback commits exactly one
-    assert torch.equal(done, first_active == L)
+        assert n[1] == 0  # no active slot
+    if B > 2 and theta > 0 and "held" not in rule:
+        assert n[2] == 1  # nothing passes: the fallback commits exactly one
+    still = torch.cat([new_state == ACTIVE, torch.ones(B, 1, dtype=torch.bool, device=DEVICE)], 1)
+    assert torch.equal(first_active, torch.where(still, torch.arange(L + 1, device=DEVICE), L).amin(1))
+
+
+@pytest.mark.parametrize("rule", ["paper", "fallback-held", "fallback-held-eot"])
+def test_commit_step_eot_fill_is_apply_commits_fill(rule):
+    """With stop_at_eot, the step is the same step without it followed by apply_commits' tail fill (no commit)."""
+    from tracelock.kernels.ref import apply_commits_ref
+
+    score, tau, active, proposal, positions, x, state = make_window(3, 63, 33)
+    kw = rule_inputs(3, 33, rule)
+    kw.pop("stop_at_eot", None), kw.pop("fill_id", None)
+    want_x, want_state = x.clone(), state.clone()
+    commit_step_ref(score, tau, active, proposal, positions, want_x, want_state, END_IDS, 0.6, 0, **kw)
+    none = torch.zeros_like(want_x, dtype=torch.bool)
+    want_first = apply_commits_ref(want_x, want_state, want_x.clone(), none, END_IDS, 99, True)
+    got_x, got_state, (got_first, _) = run_both(score, tau, active, proposal, positions, x, state, theta=0.6,
+                                                fill_id=99, stop_at_eot=True, **kw)
+    assert torch.equal(got_x, want_x) and torch.equal(got_state, want_state) and torch.equal(got_first, want_first)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_commit_step_lowp_scores(dtype):
-    run_both(*make_window(3, 63, 33, score_dtype=dtype), theta=0.9, cap=4)
+    run_both(*make_window(3, 63, 33, score_dtype=dtype), theta=0.9, cap=4, **rule_inputs(3, 33, "fallback", dtype))
 
 
+@pytest.mark.parametrize("inclusive", [False, True], ids=["strict", "inclusive"])
 @pytest.mark.parametrize("theta", [0.5, 0.9, 0.95, 0.99, 0.999, 1e-3, 0.3])
-def test_commit_margin_threshold_brackets_logit(theta):
-    """t is the largest fp32 at or below logit(theta) (computed here to 60 digits): an fp32 margin m has
-    sigmoid(m) > theta exactly when m > t."""
+def test_commit_margin_threshold_brackets_logit(theta, inclusive):
+    """t is the largest fp32 below logit(theta) (computed here to 60 digits), or at it for the strict rule: an fp32
+    margin m has sigmoid(m) > theta (>= theta, inclusive) exactly when m > t."""
     with decimal.localcontext(decimal.Context(prec=60)):
         th = decimal.Decimal(theta)
         logit = th.ln() - (1 - th).ln()
-    t = commit_margin_threshold(theta)
+    t = commit_margin_threshold(theta, inclusive)
     above = float(torch.nextafter(torch.tensor(t), torch.tensor(math.inf)))
-    assert decimal.Decimal(t) <= logit < decimal.Decimal(above)
+    if inclusive:
+        assert decimal.Decimal(t) < logit <= decimal.Decimal(above)
+    else:
+        assert decimal.Decimal(t) <= logit < decimal.Decimal(above)
+
+
+@pytest.mark.parametrize("inclusive", [False, True], ids=["strict", "inclusive"])
+def test_commit_step_threshold_boundary(inclusive):
+    """theta = 0.5 is logit 0, an fp32 value: p == theta commits under the inclusive rule only; the next fp32
+    margin up commits under both, the next one down under neither. Slot 0 passes, so the fallback stays out."""
+    tiny = float(torch.nextafter(torch.tensor(0.0), torch.tensor(1.0)))
+    score = torch.tensor([[10.0, 0.0, tiny, -tiny]], device=DEVICE)
+    args = (score, torch.zeros(1, device=DEVICE), torch.ones(1, 4, dtype=torch.bool, device=DEVICE),
+            torch.tensor([[20, 21, 22, 23]], device=DEVICE), torch.tensor([[0, 1, 2, 3]], device=DEVICE),
+            torch.zeros(1, 5, dtype=torch.int64, device=DEVICE),
+            torch.full((1, 5), ACTIVE, dtype=torch.uint8, device=DEVICE))
+    x, state, (first_active, n) = run_both(*args, theta=0.5, inclusive=inclusive)
+    assert x.tolist() == ([[20, 21, 22, 0, 0]] if inclusive else [[20, 0, 22, 0, 0]])
+    assert first_active.tolist() == ([3] if inclusive else [1]) and n.tolist() == [3 if inclusive else 2]
 
 
 def test_commit_step_threshold_is_strict():
     """p == theta does not commit; the next fp32 margin up does. Slot 0 passes, so the fallback stays out."""
-    rows = []
     for theta in (0.5, 0.95):
         t = commit_margin_threshold(theta)
         above = float(torch.nextafter(torch.tensor(t), torch.tensor(math.inf)))
-        rows.append((theta, [10.0, t, above, t]))
-    for theta, margins in rows:
-        score = torch.tensor([margins], device=DEVICE)
+        score = torch.tensor([[10.0, t, above, t]], device=DEVICE)
         args = (score, torch.zeros(1, device=DEVICE), torch.ones(1, 4, dtype=torch.bool, device=DEVICE),
                 torch.tensor([[20, 21, 22, 23]], device=DEVICE), torch.tensor([[0, 1, 2, 3]], device=DEVICE),
                 torch.zeros(1, 5, dtype=torch.int64, device=DEVICE),
                 torch.full((1, 5), ACTIVE, dtype=torch.uint8, device=DEVICE))
-        x, state, (first_active, done) = run_both(*args, theta=theta)
+        x, state, (first_active, n) = run_both(*args, theta=theta)
         assert x.tolist() == [[20, 0, 22, 0, 0]], theta
-        assert first_active.tolist() == [1] and done.tolist() == [False]
+        assert first_active.tolist() == [1] and n.tolist() == [2]
 
 
 def canvas(R, L=None):
@@ -123,35 +179,55 @@ def canvas(R, L=None):
 
 
 @pytest.mark.parametrize(
-    "margins, theta, cap, live, want",
+    "margins, theta, cap, live, want, rule",
     [
         # cap: the cap highest pass, ties to the lowest slot
-        pytest.param([5, 5, 9, 5, 1], 0.95, 2, None, [2, 0], id="cap-ties"),
+        pytest.param([5, 5, 9, 5, 1], 0.95, 2, None, [2, 0], {}, id="cap-ties"),
         # fp32 sigmoid is 1.0 for both 30 and 20; the order is the exact probabilities', so slot 1 wins
-        pytest.param([20, 30, 25, 0], 0.95, 1, None, [1], id="cap-saturated"),
+        pytest.param([20, 30, 25, 0], 0.95, 1, None, [1], {}, id="cap-saturated"),
         # nothing passes: the best live slot, ties to the lowest live one (slot 0 is not live)
-        pytest.param([-4, -1, -3, -1, -1], 0.95, 0, [0, 1, 1, 1, 1], [1], id="fallback-ties"),
+        pytest.param([-4, -1, -3, -1, -1], 0.95, 0, [0, 1, 1, 1, 1], [1], {}, id="fallback-ties"),
         # theta = 1: nothing can pass, the fallback still commits one
-        pytest.param([50, 60, 60], 1.0, 0, None, [1], id="theta-one"),
+        pytest.param([50, 60, 60], 1.0, 0, None, [1], {}, id="theta-one"),
         # a live margin of -inf (p = 0) is still the best of a row with nothing else live
-        pytest.param([-math.inf, 3, 4], 0.95, 0, [1, 0, 0], [0], id="fallback-minus-inf"),
+        pytest.param([-math.inf, 3, 4], 0.95, 0, [1, 0, 0], [0], {}, id="fallback-minus-inf"),
         # NaN never commits, not even as the fallback
-        pytest.param([math.nan, -9, -5], 0.95, 0, None, [2], id="nan-skipped"),
-        pytest.param([math.nan, math.nan], 0.5, 0, None, [], id="all-nan"),
-        pytest.param([1, 2, 3], 0.5, 0, [0, 0, 0], [], id="no-live-slot"),
+        pytest.param([math.nan, -9, -5], 0.95, 0, None, [2], {}, id="nan-skipped"),
+        pytest.param([math.nan, math.nan], 0.5, 0, None, [], {}, id="all-nan"),
+        pytest.param([1, 2, 3], 0.5, 0, [0, 0, 0], [], {}, id="no-live-slot"),
         # theta = 0: every slot with p > 0 passes, i.e. all but m = -inf
-        pytest.param([-80, -math.inf, 0], 0.0, 0, None, [0, 2], id="theta-zero"),
+        pytest.param([-80, -math.inf, 0], 0.0, 0, None, [0, 2], {}, id="theta-zero"),
+        # the shipped rule's fallback: the highest fallback score, not the highest margin, ties to the lowest slot
+        pytest.param([-1, -5, -5, -2], 0.95, 0, None, [1], dict(fallback_score=[0.2, 0.9, 0.9, 0.5]),
+                     id="fallback-score"),
+        # a NaN fallback score never wins; a NaN margin is not a candidate whatever its fallback score
+        pytest.param([math.nan, -5, -5], 0.95, 0, None, [2], dict(fallback_score=[0.9, math.nan, 0.1]),
+                     id="fallback-score-nan"),
+        # held slots neither pass nor fall back, whatever their scores
+        pytest.param([9, 9, -9, 9], 0.95, 0, None, [1], dict(held=[True, False, False, True]), id="held-pass"),
+        pytest.param([-1, -5, -9], 0.95, 0, None, [2], dict(held=[True, True, False]), id="held-fallback"),
+        pytest.param([-1, -5, -9], 0.95, 0, None, [1], dict(held=[True, False, False], fallback_score=[1, .5, .4]),
+                     id="held-fallback-score"),
+        pytest.param([9, 9], 0.95, 0, None, [], dict(held=[True, True]), id="all-held"),
+        # the cap ranks the passing slots that are not held
+        pytest.param([9, 8, 7, 6], 0.95, 2, None, [1, 3], dict(held=[True, False, True, False]), id="held-cap"),
     ],
 )
-def test_commit_step_rule(margins, theta, cap, live, want):
+def test_commit_step_rule(margins, theta, cap, live, want, rule):
     R = len(margins)
     active, proposal, positions, x, state = canvas(R)
     if live is not None:
         active = torch.tensor([live], dtype=torch.bool, device=DEVICE)
+    kw = {}
+    if "fallback_score" in rule:
+        kw["fallback_score"] = torch.tensor([rule["fallback_score"]], dtype=torch.float32, device=DEVICE)
+    if "held" in rule:
+        kw["held"] = torch.tensor([rule["held"]], device=DEVICE)
     score, tau = torch.tensor([margins], device=DEVICE), torch.zeros(1, device=DEVICE)
     before = state.clone()
-    _, new_state, _ = run_both(score, tau, active, proposal, positions, x, state, theta=theta, cap=cap)
+    _, new_state, (_, n) = run_both(score, tau, active, proposal, positions, x, state, theta=theta, cap=cap, **kw)
     assert sorted(p for _, p in committed(before, new_state)) == sorted(want)
+    assert n.tolist() == [len(want)]
 
 
 def test_commit_step_canvas_invariant_and_end_tokens():
@@ -165,25 +241,32 @@ def test_commit_step_canvas_invariant_and_end_tokens():
     x = torch.zeros(2, 4, dtype=torch.int64, device=DEVICE)
     state = torch.tensor([[ACTIVE, LOCKED, ACTIVE, ACTIVE], [PROMPT, ACTIVE, LOCKED, LOCKED]], dtype=torch.uint8,
                          device=DEVICE)
-    new_x, new_state, (first_active, done) = run_both(score, tau, active, proposal, positions, x, state)
+    new_x, new_state, (first_active, n) = run_both(score, tau, active, proposal, positions, x, state)
     assert new_state.tolist() == [[EOT, LOCKED, EOT, ACTIVE], [PROMPT, LOCKED, LOCKED, LOCKED]]
     assert new_x.tolist() == [[7, 0, 3, 0], [0, 9, 0, 0]]
-    assert first_active.tolist() == [3, 4] and done.tolist() == [False, True]
+    assert first_active.tolist() == [3, 4] and n.tolist() == [2, 1]
+    # stop_at_eot: the tail after the first EOT (slot 0's end token) is filled, the fill is not a commit
+    new_x, new_state, (first_active, n) = run_both(score, tau, active, proposal, positions, x, state, fill_id=42,
+                                                   stop_at_eot=True)
+    assert new_state[0].tolist() == [EOT, LOCKED, EOT, EOT] and new_x[0].tolist() == [7, 0, 3, 42]
+    assert first_active.tolist() == [4, 4] and n.tolist() == [2, 1]
     no_end = torch.zeros(0, dtype=torch.int64, device=DEVICE)
     _, new_state, _ = run_both(score, tau, active, proposal, positions, x, state, end_ids=no_end)
     assert new_state[0].tolist() == [LOCKED, LOCKED, LOCKED, ACTIVE]
 
 
-def test_commit_step_dispatch_torch_equals_triton():
+@pytest.mark.parametrize("rule", RULES)
+def test_commit_step_dispatch_torch_equals_triton(rule):
     score, tau, active, proposal, positions, x, state = make_window(3, 257, 33)
+    kw = rule_inputs(3, 33, rule)
     got = {}
     for impl in ("torch", "triton"):
         x_i, state_i = x.clone(), state.clone()
-        first, done = ops.commit_step(score, tau, active, proposal, positions, x_i, state_i, END_IDS, 0.9, 2,
-                                      impl=impl)
-        got[impl] = (x_i, state_i, first, done)
+        first, n = ops.commit_step(score, tau, active, proposal, positions, x_i, state_i, END_IDS, 0.9, 2,
+                                   impl=impl, **kw)
+        got[impl] = (x_i, state_i, first, n)
     assert all(torch.equal(a, b) for a, b in zip(got["torch"], got["triton"]))
-    assert ops._pick_impl("commit_step", None, torch.device(DEVICE), ("torch", "triton")) == "triton"
+    assert ops._pick_impl("commit_step", None, torch.device(DEVICE)) == "triton"
 
 
 def test_commit_step_unavailable_triton(monkeypatch):
@@ -223,8 +306,32 @@ def _args(**bad):
         pytest.param(dict(cap=2.0), ValueError, "cap must be an int >= 0", id="cap-float"),
         pytest.param(dict(proposal=torch.zeros(2, 3, dtype=torch.int64, device="meta")), ValueError,
                      "proposal must be on cpu like x", id="proposal-device"),
+        pytest.param(dict(fallback_score=torch.zeros(2, 4)), ValueError, r"fallback_score must have shape \[2, 3\]",
+                     id="fallback-shape"),
+        pytest.param(dict(fallback_score=torch.zeros(2, 3, dtype=torch.int64)), TypeError,
+                     "fallback_score must be float32 or float16 or bfloat16, got torch.int64", id="fallback-dtype"),
+        pytest.param(dict(held=torch.zeros(2, 3)), TypeError, "held must be bool", id="held-dtype"),
+        pytest.param(dict(held=torch.zeros(3, 3, dtype=torch.bool)), ValueError, r"held must have shape \[2, 3\]",
+                     id="held-shape"),
+        pytest.param(dict(inclusive=1), TypeError, "inclusive must be a bool", id="inclusive-int"),
+        pytest.param(dict(stop_at_eot="yes"), TypeError, "stop_at_eot must be a bool", id="stop-at-eot-str"),
+        pytest.param(dict(fill_id=1.5), TypeError, "fill_id must be an int token id", id="fill-id-float"),
+        pytest.param(dict(score=torch.tensor([[0.0, math.nan, 0.0], [0.0, 0.0, 0.0]])), ValueError,
+                     "score is NaN at an active slot", id="score-nan"),
+        pytest.param(dict(tau=torch.tensor([0.0, math.nan])), ValueError, "tau is NaN at an active slot",
+                     id="tau-nan"),
+        pytest.param(dict(fallback_score=torch.tensor([[0.0, 0.0, 0.0], [math.nan, 0.0, 0.0]])), ValueError,
+                     "fallback_score is NaN at an active slot", id="fallback-nan"),
     ],
 )
 def test_commit_step_validation(bad, exc, match):
     with pytest.raises(exc, match=match):
         ops.commit_step(**_args(**bad), impl="torch")
+
+
+def test_a_nan_score_at_an_inactive_slot_is_no_error():
+    """Only the slots that may commit are checked: padding slots past the region may hold anything."""
+    score = torch.tensor([[0.0, math.nan, 0.0], [0.0, 0.0, 0.0]])
+    active = torch.tensor([[True, False, True], [True, True, True]])
+    first, n = ops.commit_step(**_args(score=score, active=active), impl="torch")
+    assert n.tolist() == [1, 1]

@@ -90,15 +90,20 @@ def _commit_step_cases():
     from tracelock.states import ACTIVE, EOT, LOCKED
 
     cases = []
-    # windows of 1, 33 and 128 slots with and without a cap, one end id or none; bf16 scores once
-    for score, block_r, cap, block_e in [("fp32", 1, False, 1), ("fp32", 64, True, 2), ("fp32", 128, True, 1),
-                                         ("bf16", 128, False, 2)]:
-        types = dict(SCORE=f"*{score}", TAU=f"*{score}", ACTIVE_MASK="*i1", PROPOSAL="*i64", POSITIONS="*i64",
-                     X="*i64", STATE="*u8", END_IDS="*i64", FIRST_ACTIVE="*i64", DONE="*i1", R="i32", L="i32",
-                     E="i32", m_threshold="fp32", cap="i32")
-        constexprs = dict(HAS_CAP=cap, S_ACTIVE=ACTIVE, S_LOCKED=LOCKED, S_EOT=EOT, BLOCK_R=block_r,
-                          BLOCK_E=block_e, BLOCK_L=BLOCK_L)
-        cases.append(dict(id=f"commit_step-{score}-R{block_r}-cap{int(cap)}-E{block_e}", module="commit_step",
+    # windows of 1, 33 and 128 slots with and without a cap, one end id or none; bf16 scores once; the paper's
+    # rule, the shipped one (a fallback score, held slots) and each with the end-of-text fill
+    for score, block_r, cap, block_e, shipped, eot in [("fp32", 1, False, 1, False, False),
+                                                       ("fp32", 64, True, 2, False, True),
+                                                       ("fp32", 128, True, 1, True, False),
+                                                       ("bf16", 128, False, 2, True, True),
+                                                       ("fp32", 32, False, 2, True, True)]:
+        types = dict(SCORE=f"*{score}", TAU=f"*{score}", FALLBACK=f"*{score}", HELD="*i1", ACTIVE_MASK="*i1",
+                     PROPOSAL="*i64", POSITIONS="*i64", X="*i64", STATE="*u8", END_IDS="*i64", FIRST_ACTIVE="*i64",
+                     COMMITTED="*i64", R="i32", L="i32", E="i32", m_threshold="fp32", cap="i32", fill_id="i32")
+        constexprs = dict(HAS_CAP=cap, HAS_FALLBACK=shipped, HAS_HELD=shipped, STOP_AT_EOT=eot, S_ACTIVE=ACTIVE,
+                          S_LOCKED=LOCKED, S_EOT=EOT, BLOCK_R=block_r, BLOCK_E=block_e, BLOCK_L=BLOCK_L)
+        rule = ("shipped" if shipped else "paper") + ("-eot" if eot else "")
+        cases.append(dict(id=f"commit_step-{score}-R{block_r}-cap{int(cap)}-E{block_e}-{rule}", module="commit_step",
                           kernel="_commit_step_kernel", types=types, constexprs=constexprs, config=None))
     return cases
 

@@ -7,7 +7,6 @@ from tracelock import _ext, ops
 from tracelock.kernels.ref import apply_commits_ref
 from tracelock.states import ACTIVE, LOCKED
 
-IMPLS = ("torch", "cpp", "cuda")
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
@@ -38,16 +37,16 @@ def make_inputs(B=2, L=8):
 )
 def test_apply_commits_default_order(monkeypatch, cpp, cuda, device, expected):
     fake_ext(monkeypatch, cpp, cuda)
-    assert ops._pick_impl("apply_commits", None, device, IMPLS) == expected
+    assert ops._pick_impl("apply_commits", None, device) == expected
 
 
 def test_apply_commits_env_impl(monkeypatch):
     fake_ext(monkeypatch, True, False)
     monkeypatch.setenv("TRACELOCK_IMPL", "torch")
-    assert ops._pick_impl("apply_commits", None, CPU, IMPLS) == "torch"
+    assert ops._pick_impl("apply_commits", None, CPU) == "torch"
     # an explicit impl= wins over the environment
     monkeypatch.setenv("TRACELOCK_IMPL", "cuda")
-    assert ops._pick_impl("apply_commits", "cpp", CPU, IMPLS) == "cpp"
+    assert ops._pick_impl("apply_commits", "cpp", CPU) == "cpp"
 
 
 @pytest.mark.parametrize("source", ["arg", "env"])
@@ -61,7 +60,7 @@ def test_apply_commits_unknown_impl(monkeypatch, source):
 @pytest.mark.parametrize(
     "impl, cpp, cuda, device, exc, match",
     [
-        pytest.param("triton", True, True, CPU, ValueError, "no 'triton' implementation; available: torch, cpp, cuda",
+        pytest.param("triton", True, True, CPU, ValueError, "no 'triton' implementation; available: cuda, cpp, torch",
                      id="triton-missing-for-op"),
         pytest.param("cpp", False, False, CPU, RuntimeError, "pip install -e . --no-build-isolation", id="cpp-no-ext"),
         pytest.param("cpp", True, True, CUDA, RuntimeError, "runs on CPU tensors", id="cpp-on-cuda"),
@@ -76,7 +75,7 @@ def test_apply_commits_unknown_impl(monkeypatch, source):
 def test_apply_commits_unavailable_impl(monkeypatch, impl, cpp, cuda, device, exc, match):
     fake_ext(monkeypatch, cpp, cuda)
     with pytest.raises(exc, match=match):
-        ops._pick_impl("apply_commits", impl, device, IMPLS)
+        ops._pick_impl("apply_commits", impl, device)
 
 
 @pytest.mark.parametrize("impl", [None, "torch", "cpp"], ids=["default", "torch", "cpp"])
@@ -123,3 +122,54 @@ def _bad(name):
 def test_apply_commits_validation(case, exc, match):
     with pytest.raises(exc, match=match):
         ops.apply_commits(**_bad(case), fill_id=0, stop_at_eot=True, impl="torch")
+
+
+@pytest.mark.parametrize("cpp", [True, False], ids=["ext", "no-ext"])
+def test_one_table_decides_every_driver(monkeypatch, cpp):
+    """`ops.IMPLEMENTATIONS` is the one table: fused_generate's impl families map each op to the nearest member it
+    has, the default takes the first that runs, and a graph (the engine) never takes the CPU interpreter."""
+    fake_ext(monkeypatch, cpp, False)
+    monkeypatch.delenv("TRACELOCK_IMPL", raising=False)
+    bookkeeping = "cpp" if cpp else "torch"
+    triton = "triton" if ops._triton_state(CPU) is None else "torch"  # the interpreter, where TRITON_INTERPRET=1
+    want = {
+        "torch": dict.fromkeys(ops.IMPLEMENTATIONS, "torch"),
+        "triton": dict(apply_commits="torch", skip_finished_blocks="torch", window_logits_stats="triton",
+                       tap_project="triton", commit_step="triton"),
+        None: dict(apply_commits=bookkeeping, skip_finished_blocks=bookkeeping, window_logits_stats=triton,
+                   tap_project=triton, commit_step=triton),
+    }
+    if cpp:
+        want["cpp"] = dict(apply_commits="cpp", skip_finished_blocks="cpp", window_logits_stats="torch",
+                           tap_project="torch", commit_step="torch")
+    for impl, expected in want.items():
+        if impl == "triton" and triton == "torch":
+            continue
+        assert ops.op_set(impl, CPU).impls == expected, impl
+    graph = ops.op_set(None, CPU, graph=True)
+    assert graph.impls == dict(want[None], window_logits_stats="torch", tap_project="torch", commit_step="torch")
+    # a graph gets the implementations themselves: the torch block advance is the loop-free one, not the spec
+    from tracelock.kernels.ref import commit_step_ref
+    from tracelock.kernels.skip_finished_blocks import skip_finished_blocks_torch
+
+    assert graph.commit_step is commit_step_ref
+    # inductor takes the torch bookkeeping (it mis-ordered reads around the C++ op's in-place writes)
+    assert set(ops.op_set(None, CPU, graph=True, inductor=True).impls.values()) == {"torch"}
+    if not cpp:
+        assert graph.skip_finished_blocks is skip_finished_blocks_torch
+    monkeypatch.setenv("TRACELOCK_IMPL", "torch")  # the environment picks for fused_generate, never for a graph
+    assert set(ops.op_set(None, CPU).impls.values()) == {"torch"} and ops.op_set(None, CPU, graph=True) == graph
+
+
+def test_fused_generate_and_the_engine_take_their_ops_from_the_table(monkeypatch):
+    import tracelock
+    from tracelock.decode.engine import DecodeEngine
+
+    seen = []
+    real = ops.op_set
+    monkeypatch.setattr(ops, "op_set", lambda *a, **k: seen.append(k.get("graph", False)) or real(*a, **k))
+    model = tracelock.load_model("testbed")
+    tracelock.fused_generate(model, [[5, 6, 7]], policy="confidence", gen_length=8, block=4, impl="torch")
+    engine = DecodeEngine(model, policy="confidence", gen_length=8, block=4)
+    assert seen == [False, True]
+    assert engine.ops.impls == real(None, model.device, graph=True).impls

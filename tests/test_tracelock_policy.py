@@ -289,7 +289,8 @@ def test_confidence_fallback_commits_the_most_confident_slot(model, encoder):
     inp.signals.eos_prob = torch.zeros(3, 6)
     nobody = _constant(_controller(model, encoder), a=-10.0)
     policy = TraceLockPolicy(nobody, encoder, fallback="confidence")
-    assert policy.commit_rule(inp) is None  # decided in select, not by the fused commit op
+    rule = policy.commit_rule(inp)  # the fused commit op runs this rule too: the backbone's score falls back
+    assert rule.fallback_score is inp.signals.confidence and rule.held is None and rule.theta == 0.95
     most = [[max(s, key=lambda j: inp.signals.confidence[r, j].item())] if s else [] for r, s in
             enumerate(_slots(inp.active))]
     assert _slots(policy.select(inp)) == most

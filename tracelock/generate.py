@@ -5,37 +5,19 @@ Greedy steps without CFG hand the backbone forward two ops to run in place of it
 [b, R, V] logits are written, and, for a policy with a linear tap fold (TraceLock with a linear encoder),
 `ops.tap_project` on the three hidden-state taps, so the policy reads its controller inputs and the taps are
 never returned. Sampling and CFG need the logits and take the logits path (raw taps, as the reference). A policy
-whose rule is `ops.commit_step`'s (TraceLock's margin rule) has its step closed by that op on the device; the
-other commits go through `ops.apply_commits`.
+with a commit rule (TraceLock, whatever rule its controller carries) has its step closed by `ops.commit_step`
+on the device; the other commits go through `ops.apply_commits`. Which implementation runs each op is
+`ops.op_set`'s choice, from the one table `ops.IMPLEMENTATIONS`.
 
 ``compile=True`` (or ``TRACELOCK_COMPILE=1``) decodes on a `tracelock.decode.engine.DecodeEngine` instead: static
 shapes, one host read per step, the step compiled with ``torch.compile`` (`tracelock.decode.compiled`).
 """
-
-from functools import partial
 
 from tracelock import ops
 from tracelock.checks import check_decode_inputs
 from tracelock.decode.compiled import compile_requested, eager_reason, generate_compiled, warn_eager
 from tracelock.decode.loop import run_decode
 from tracelock.policies import policy_args_for
-
-# what each `impl` of fused_generate runs per op: the ops lack some implementations (the kernels have no C++
-# version, the bookkeeping no Triton one, the block advance no CUDA one), so a family maps to its nearest
-# member; None = the op's default
-_IMPL_PER_OP = {
-    # impl: (apply_commits, skip_finished_blocks, window_logits_stats / tap_project / commit_step)
-    "torch": ("torch", "torch", "torch"),
-    "cpp": ("cpp", "cpp", "torch"),
-    "triton": ("torch", "torch", "triton"),
-    "cuda": ("cuda", "torch", "triton"),
-}
-
-
-def _op_impls(impl: str | None) -> tuple:
-    """(apply_commits, skip_finished_blocks, kernels) impls for ``impl`` or ``TRACELOCK_IMPL``; None = defaults."""
-    requested = ops.requested_impl(impl)
-    return (None, None, None) if requested is None else _IMPL_PER_OP[requested]
 
 
 def _device_of(model):
@@ -101,14 +83,13 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
                                      stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed, cache=cache,
                                      refresh_every=refresh_every, refresh_shift=refresh_shift)
         warn_eager(reason)
-    ops.check_impl(impl, _device_of(model))
-    commits_impl, blocks_impl, kernels_impl = _op_impls(impl)
+    device = _device_of(model)
+    ops.check_impl(impl, device)
+    bound = ops.op_set(impl, device)
     return run_decode(model, input_ids, policy=policy, gen_length=gen_length, block=block, window=window,
                       policy_args=policy_args, attention_mask=attention_mask, temperature=temperature,
                       cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed, observer=observer,
                       cache=cache, refresh_every=refresh_every, refresh_shift=refresh_shift,
-                      apply_commits=partial(ops.apply_commits, impl=commits_impl),
-                      skip_finished_blocks=partial(ops.skip_finished_blocks, impl=blocks_impl),
-                      window_logits_stats=partial(ops.window_logits_stats, impl=kernels_impl),
-                      tap_project=partial(ops.tap_project, impl=kernels_impl),
-                      commit_step=partial(ops.commit_step, impl=kernels_impl))
+                      apply_commits=bound.apply_commits, skip_finished_blocks=bound.skip_finished_blocks,
+                      window_logits_stats=bound.window_logits_stats, tap_project=bound.tap_project,
+                      commit_step=bound.commit_step)

@@ -8,6 +8,9 @@ An explicit or environment choice is obeyed or fails with the fix; it never sile
 """
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -88,18 +91,103 @@ def _check_available(op: str, impl: str, device: torch.device, impls: tuple[str,
         raise RuntimeError(f"impl='triton' cannot run {op}: {why}")
 
 
-def _pick_impl(op: str, impl: str | None, device: torch.device, impls: tuple[str, ...]) -> str:
-    requested = requested_impl(impl)
+# The one dispatch table: every op's implementations, in the order the default prefers them where they can run
+# (cuda: tracelock._C built with CUDA and CUDA tensors; cpp: tracelock._C and CPU tensors; triton: see
+# `_triton_state`; torch: always). `fused_generate`, the engine and the public ops below all choose from it.
+IMPLEMENTATIONS = {
+    "apply_commits": ("cuda", "cpp", "torch"),
+    "skip_finished_blocks": ("cpp", "torch"),
+    "window_logits_stats": ("triton", "torch"),
+    "tap_project": ("triton", "torch"),
+    "commit_step": ("triton", "torch"),
+}
+# what a family of `fused_generate(impl=...)` runs for an op that lacks that member: its nearest one (the kernels
+# have no C++ version, the bookkeeping no Triton one, the block advance no CUDA one)
+_NEAREST = {"torch": ("torch",), "cpp": ("cpp", "torch"), "triton": ("triton", "torch"),
+            "cuda": ("cuda", "triton", "torch")}
+
+
+def _can_run(impl: str, device: torch.device, graph: bool) -> bool:
+    if impl == "cuda":
+        return device.type == "cuda" and _ext.has_cuda_ext()
+    if impl == "cpp":
+        return device.type == "cpu" and _ext.has_cpp()
+    if impl == "triton":
+        # a graph (the engine) never runs the CPU interpreter: too slow for whole decodes, and not traceable
+        return _triton_state(device) is None and (device.type == "cuda" or not graph)
+    return True
+
+
+def _pick_impl(op: str, impl: str | None, device: torch.device, *, graph: bool = False) -> str:
+    """The implementation of ``op`` that runs: ``impl`` (or ``TRACELOCK_IMPL``) when given, checked, else the first
+    of `IMPLEMENTATIONS` that can run on ``device``. ``graph`` (the engine: no env, no interpreter) ignores both."""
+    impls = IMPLEMENTATIONS[op]
+    requested = None if graph else requested_impl(impl)
     if requested is not None:
         _check_available(op, requested, device, impls)
         return requested
-    if "cuda" in impls and device.type == "cuda" and _ext.has_cuda_ext():
-        return "cuda"
-    if "cpp" in impls and device.type == "cpu" and _ext.has_cpp():
-        return "cpp"
-    if "triton" in impls and _triton_state(device) is None:
-        return "triton"
-    return "torch"
+    return next(name for name in impls if _can_run(name, device, graph))
+
+
+def family_impl(op: str, impl: str | None) -> str | None:
+    """The member of `fused_generate`'s ``impl`` family (or ``TRACELOCK_IMPL``'s) that ``op`` has; None: the op's
+    default."""
+    requested = requested_impl(impl)
+    if requested is None:
+        return None
+    return next(name for name in _NEAREST[requested] if name in IMPLEMENTATIONS[op])
+
+
+def _raw(op: str, impl: str):
+    """The implementation function itself (no input checks), for graphs."""
+    if impl in ("cpp", "cuda"):
+        # the same torch op; the tensors' device selects the kernel
+        return getattr(torch.ops.tracelock, op)
+    if impl == "triton":
+        import importlib
+
+        return getattr(importlib.import_module(f"tracelock.kernels.{op}"), f"{op}_triton")
+    if op == "skip_finished_blocks":
+        from tracelock.kernels.skip_finished_blocks import skip_finished_blocks_torch
+
+        return skip_finished_blocks_torch
+    from tracelock.kernels import ref
+
+    return getattr(ref, f"{op}_ref")
+
+
+@dataclass(frozen=True)
+class OpSet:
+    """The per-step ops of one decode, each bound to its implementation (``impls``: op -> name)."""
+
+    apply_commits: Callable
+    skip_finished_blocks: Callable
+    window_logits_stats: Callable
+    tap_project: Callable
+    commit_step: Callable
+    impls: dict
+
+
+def op_set(impl: str | None, device, *, graph: bool = False, inductor: bool = False) -> OpSet:
+    """The ops a decode runs on ``device``. The eager loop (``graph=False``) gets the checked dispatchers below with
+    ``impl``'s family member fixed per op; a graph (the engine) gets the implementations themselves, each op's
+    default where it is traceable (no input checks, no host sync, no CPU interpreter; ``impl`` not used). A graph
+    that inductor compiles (``inductor``) takes the torch bookkeeping instead of the C++/CUDA ops: inductor fuses
+    it, and it scheduled reads of a custom op's in-place outputs after the op (a compiled CPU engine logged zero
+    commits per step with the C++ apply_commits; torch 2.13)."""
+    device = torch.device(device)
+    impls, fns = {}, {}
+    for op in IMPLEMENTATIONS:
+        if graph:
+            impls[op] = _pick_impl(op, None, device, graph=True)
+            if inductor and impls[op] in ("cpp", "cuda"):
+                impls[op] = "torch"
+            fns[op] = _raw(op, impls[op])
+        else:
+            chosen = family_impl(op, impl)
+            impls[op] = chosen or _pick_impl(op, None, device)
+            fns[op] = partial(globals()[op], impl=chosen)
+    return OpSet(**fns, impls=impls)
 
 
 def _check_tensor(name: str, t, dtype: torch.dtype, shape: tuple | None = None, device=None) -> None:
@@ -155,13 +243,8 @@ def apply_commits(
     _check_tensor("end_ids", end_ids, torch.int64, device=device)
     if end_ids.dim() != 1:
         raise ValueError(f"end_ids must be 1-D [E], got shape {list(end_ids.shape)}")
-    chosen = _pick_impl("apply_commits", impl, device, ("torch", "cpp", "cuda"))
-    if chosen == "torch":
-        from tracelock.kernels.ref import apply_commits_ref
-
-        return apply_commits_ref(x, state, proposal, commit, end_ids, int(fill_id), bool(stop_at_eot))
-    # "cpp" and "cuda" are the same torch op; the tensors' device selects the kernel
-    return torch.ops.tracelock.apply_commits(x, state, proposal, commit, end_ids, int(fill_id), bool(stop_at_eot))
+    chosen = _pick_impl("apply_commits", impl, device)
+    return _raw("apply_commits", chosen)(x, state, proposal, commit, end_ids, int(fill_id), bool(stop_at_eot))
 
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -178,7 +261,8 @@ def skip_finished_blocks(state, block_idx, region_step, region_initial, steps, r
         steps (torch.Tensor): [B] int64 forwards spent on each row.
         rows (torch.Tensor): [B] bool rows to advance.
         prompt_len, block, num_regions, steps_per_block (int), idle_steps (bool): the schedule.
-        impl (str, optional): "torch" or "cpp" (CPU). Default: ``TRACELOCK_IMPL``, else the fastest available.
+        impl (str, optional): "torch" (the spec without its loop and host sync, `kernels/skip_finished_blocks.py`)
+            or "cpp" (CPU). Default: ``TRACELOCK_IMPL``, else the fastest available.
     """
     _check_tensor("state", state, torch.uint8)
     if state.dim() != 2:
@@ -190,11 +274,7 @@ def skip_finished_blocks(state, block_idx, region_step, region_initial, steps, r
     _check_tensor("rows", rows, torch.bool, rows_shape, device)
     args = (state, block_idx, region_step, region_initial, steps, rows, int(prompt_len), int(block),
             int(num_regions), int(steps_per_block), bool(idle_steps))
-    if _pick_impl("skip_finished_blocks", impl, device, ("torch", "cpp")) == "torch":
-        from tracelock.kernels.ref import skip_finished_blocks_ref
-
-        return skip_finished_blocks_ref(*args)
-    torch.ops.tracelock.skip_finished_blocks(*args)
+    return _raw("skip_finished_blocks", _pick_impl("skip_finished_blocks", impl, device))(*args)
 
 
 def _check_arg(name: str, t, dtypes: tuple, shape: tuple | None = None, like: tuple | None = None,
@@ -246,14 +326,7 @@ def tap_project(h1: torch.Tensor, h2: torch.Tensor, h3: torch.Tensor, A: torch.T
     if A.dim() != 3 or A.shape[0] != 3 or A.shape[1] != h1.shape[1]:
         raise ValueError(f"A must be [3, D, N] with D = {h1.shape[1]} (the taps' width), got shape {list(A.shape)}")
     _check_arg("c", c, _FLOATS, (A.shape[2],), like)
-    chosen = _pick_impl("tap_project", impl, h1.device, ("torch", "triton"))
-    if chosen == "torch":
-        from tracelock.kernels.ref import tap_project_ref
-
-        return tap_project_ref(h1, h2, h3, A, c)
-    from tracelock.kernels.tap_project import tap_project_triton
-
-    return tap_project_triton(h1, h2, h3, A, c)
+    return _raw("tap_project", _pick_impl("tap_project", impl, h1.device))(h1, h2, h3, A, c)
 
 
 def window_logits_stats(hidden: torch.Tensor, weight: torch.Tensor, eos_id: int | None, *,
@@ -282,14 +355,7 @@ def window_logits_stats(hidden: torch.Tensor, weight: torch.Tensor, eos_id: int 
     V = weight.shape[0]
     if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int) or not 0 <= eos_id < V):
         raise ValueError(f"eos_id must be None or an int in [0, {V}) (the vocabulary), got {eos_id!r}")
-    chosen = _pick_impl("window_logits_stats", impl, hidden.device, ("torch", "triton"))
-    if chosen == "torch":
-        from tracelock.kernels.ref import window_logits_stats_ref
-
-        return window_logits_stats_ref(hidden, weight, eos_id)
-    from tracelock.kernels.window_logits_stats import window_logits_stats_triton
-
-    return window_logits_stats_triton(hidden, weight, eos_id)
+    return _raw("window_logits_stats", _pick_impl("window_logits_stats", impl, hidden.device))(hidden, weight, eos_id)
 
 
 def commit_step(
@@ -304,14 +370,23 @@ def commit_step(
     theta: float,
     cap: int = 0,
     *,
+    fallback_score: torch.Tensor | None = None,
+    held: torch.Tensor | None = None,
+    inclusive: bool = False,
+    fill_id: int = 0,
+    stop_at_eot: bool = False,
     impl: str | None = None,
 ) -> tuple:
-    """The commit rule of one step over the window's slots, in place on the canvas (spec: ``commit_step_ref``).
+    """The commit rule of one step over the window's slots, in place on the canvas (spec: ``commit_step_ref``, its
+    selection ``commit_select_ref``).
 
-    Margin ``m = score - tau``, ``p = sigmoid(m)``: live slots (active, ACTIVE on the canvas, not NaN) with
-    ``p > theta`` commit, at most ``cap`` of them by descending ``p`` (ties to the lowest slot); when none passes,
-    the best live slot commits. Committed positions take their proposal and become EOT (an end token) or LOCKED.
-    No host sync: the outputs stay on the device.
+    Margin ``m = score - tau``, ``p = sigmoid(m)``: live slots (active, ACTIVE on the canvas, not held) with
+    ``p > theta`` (``>=`` with ``inclusive``) commit, at most ``cap`` of them by descending ``p`` (ties to the lowest
+    slot); when none passes, the live slot of highest ``fallback_score`` commits (the margin when None). Committed
+    positions take their proposal and become EOT (an end token) or LOCKED; with ``stop_at_eot`` a row's still-active
+    tail after its first EOT becomes EOT filled with ``fill_id``. No host sync on the device; outside a graph a NaN
+    score, tau or fallback score at an active slot is an error (the spec's rule, that NaN never commits, is what a
+    graph gets).
 
     Args:
         score (torch.Tensor): [B, R] controller score at the slots, fp32 (fp16/bf16 upcast).
@@ -322,12 +397,18 @@ def commit_step(
         x (torch.Tensor): [B, L] int64 canvas tokens. Modified in place.
         state (torch.Tensor): [B, L] uint8 position states. Modified in place.
         end_ids (torch.Tensor): [E] int64 end tokens; E may be 0.
-        theta (float): commit threshold on ``p``, in [0, 1] (strict ``>``). The paper's default is 0.95.
+        theta (float): commit threshold on ``p``, in [0, 1]. The paper's default is 0.95.
         cap (int): most commits per row and step; 0 = no cap. Default: 0.
+        fallback_score (torch.Tensor, optional): [B, R] what the fallback maximises, fp32 (fp16/bf16 upcast): the
+            backbone's confidence or neg-entropy for the shipped rule. Default: None (the margin: the paper's rule).
+        held (torch.Tensor, optional): [B, R] bool slots held this step (``hold_end``). Default: None.
+        inclusive (bool): ``p >= theta``, the reference release's rule. Default: False.
+        fill_id (int): the pad token of the tail fill. Default: 0.
+        stop_at_eot (bool): fill a row's still-active tail after its first EOT. Default: False.
         impl (str, optional): "torch" or "triton". Default: ``TRACELOCK_IMPL``, else the fastest available.
 
     Returns:
-        (first_active [B] int64, the first ACTIVE position per row or L; done [B] bool, ``first_active == L``).
+        (first_active [B] int64, the first ACTIVE position per row or L; committed [B] int64, slots committed).
     """
     from tracelock.kernels.ref import commit_margin_threshold
 
@@ -348,14 +429,31 @@ def commit_step(
     _check_arg("state", state, (torch.uint8,), (B, L), like)
     _check_arg("end_ids", end_ids, (torch.int64,), like=like)
     _check_dims("end_ids", end_ids, "[E]")
+    if fallback_score is not None:
+        _check_arg("fallback_score", fallback_score, _FLOATS, (B, R), like)
+    if held is not None:
+        _check_arg("held", held, (torch.bool,), (B, R), like)
     commit_margin_threshold(theta)
     if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
         raise ValueError(f"cap must be an int >= 0 (0 = no cap), got {cap!r}")
-    chosen = _pick_impl("commit_step", impl, x.device, ("torch", "triton"))
-    if chosen == "torch":
-        from tracelock.kernels.ref import commit_step_ref
+    for name, value in (("inclusive", inclusive), ("stop_at_eot", stop_at_eot)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {value!r}")
+    if isinstance(fill_id, bool) or not isinstance(fill_id, int):
+        raise TypeError(f"fill_id must be an int token id, got {fill_id!r}")
+    _check_no_nan(active, score=score, tau=tau[:, None].expand(B, R), fallback_score=fallback_score)
+    chosen = _pick_impl("commit_step", impl, x.device)
+    return _raw("commit_step", chosen)(score, tau, active, proposal, positions, x, state, end_ids, float(theta), cap,
+                                       fallback_score, held, inclusive, fill_id, stop_at_eot)
 
-        return commit_step_ref(score, tau, active, proposal, positions, x, state, end_ids, float(theta), cap)
-    from tracelock.kernels.commit_step import commit_step_triton
 
-    return commit_step_triton(score, tau, active, proposal, positions, x, state, end_ids, float(theta), cap)
+def _check_no_nan(active: torch.Tensor, **scores) -> None:
+    """A NaN score at an active slot is an error that names it; skipped inside a compiled graph or a CUDA graph
+    capture, which cannot read the device (there the spec's rule holds: NaN never commits)."""
+    if torch.compiler.is_compiling() or (active.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    for name, t in scores.items():
+        if t is not None and bool((t.isnan() & active).any()):
+            raise ValueError(f"{name} is NaN at an active slot: the scores that decide a commit must be numbers "
+                             "(a NaN usually means the model or the controller overflowed in its dtype; try float32 "
+                             "or bfloat16)")

@@ -32,18 +32,12 @@ from functools import partial
 
 import torch
 
-from tracelock import states
+from tracelock import ops, states
 from tracelock.decode import step as verbs
 from tracelock.decode.canvas import Canvas
 from tracelock.decode.kv_cache import needs_refresh, trigger_shift
 from tracelock.decode.schedule import RowCounters
-from tracelock.kernels.ref import (
-    apply_commits_ref,
-    commit_margin_threshold,
-    commit_step_ref,
-    tap_project_ref,
-    window_logits_stats_ref,
-)
+from tracelock.kernels.ref import commit_margin_threshold
 from tracelock.models.backbone import KVCache
 from tracelock.signals import Signals
 
@@ -68,25 +62,6 @@ def prompt_bucket(prompt_len: int, gen_length: int, max_positions: int) -> int:
 def row_bucket(n: int, slots: int) -> int:
     """Rows a forward runs for ``n`` rows that need it: the next power of two, at most ``slots``."""
     return min(slots, 1 << max(0, n - 1).bit_length())
-
-
-def _skip_finished_blocks(state, block_idx, region_step, region_initial, steps, rows, prompt_len, block, num_regions,
-                          steps_per_block, idle_steps):
-    """`skip_finished_blocks_ref` without its data-dependent loop: a row moves to the first block, at or after its
-    own, that it may not skip (a skippable block is empty, not the last, and with ``idle_steps`` has seen its
-    budget spent), which is where the reference's one-block-at-a-time loop stops. In place."""
-    P, b = prompt_len, state.shape[0]
-    counts = (state[:, P:P + num_regions * block] == states.ACTIVE).reshape(b, num_regions, block).sum(-1)
-    j = torch.arange(num_regions, device=state.device)
-    skippable = (counts == 0) & (j < num_regions - 1)
-    if idle_steps:
-        skippable &= steps[:, None] >= (j + 1) * steps_per_block
-    stop = (j >= block_idx[:, None]) & ~skippable  # true at the last block at the latest
-    new = stop.to(torch.uint8).argmax(1)
-    moved = rows & (new != block_idx)
-    region_step.copy_(torch.where(moved, 0, region_step))
-    region_initial.copy_(torch.where(moved, counts.gather(1, new[:, None]).squeeze(1), region_initial))
-    block_idx.copy_(torch.where(moved, new, block_idx))
 
 
 def _own_code(method, *args):
@@ -158,11 +133,14 @@ class DecodeEngine:
         verbs.check_options(model, temperature, 0.0)
         if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots < 1 << _BITS:
             raise ValueError(f"slots={slots!r} must be an int in [1, {(1 << _BITS) - 1}] (the batch rows)")
-        # the block advance as tensor ops, which a graph can hold
+        # the per-step ops as a graph can hold them: each op's default implementation where it is traceable
+        # (Triton and the CUDA commits on CUDA, the C++ ops or the torch specs on CPU; no host sync), the torch
+        # bookkeeping under inductor
+        self.ops = ops.op_set(None, model.device, graph=True, inductor=compile is True)
         schedule, self.policy, refresh_shift = verbs.setup_run(
             policy, policy_args, gen_length=gen_length, block=block, window=window, idle_steps=idle_steps,
             cache=cache, refresh_every=refresh_every, refresh_shift=refresh_shift, cfg_scale=0.0,
-            skip_finished_blocks=_skip_finished_blocks)
+            skip_finished_blocks=self.ops.skip_finished_blocks)
         spec = model.spec
         if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
             raise ValueError(f"prompt_len={prompt_len!r} must be a positive int (the prompt bucket)")
@@ -220,25 +198,10 @@ class DecodeEngine:
         return width + self.logit_shift
 
     def _setup_ops(self):
-        """The per-step ops inside the graphs: the torch specs on CPU (inductor fuses them), the Triton kernels on
-        CUDA where Triton is installed."""
-        from tracelock import ops
-
-        kernels = "torch"
-        if self.device.type == "cuda" and ops._triton_state(self.device) is None:
-            kernels = "triton"
-        if kernels == "triton":
-            from tracelock.kernels.commit_step import commit_step_triton
-            from tracelock.kernels.tap_project import tap_project_triton
-            from tracelock.kernels.window_logits_stats import window_logits_stats_triton
-
-            stats, project, commit = window_logits_stats_triton, tap_project_triton, commit_step_triton
-        else:
-            stats, project, commit = window_logits_stats_ref, tap_project_ref, commit_step_ref
-        self.commit_step = commit
+        """The ops the forwards run in place of their outputs (`verbs.forward_ops`), from the engine's op set."""
         self.window_logits_stats, self.tap_project = verbs.forward_ops(
-            self.policy, self.model, window_logits_stats=stats, tap_project=project, temperature=self.temperature,
-            cfg_scale=0.0)
+            self.policy, self.model, window_logits_stats=self.ops.window_logits_stats,
+            tap_project=self.ops.tap_project, temperature=self.temperature, cfg_scale=0.0)
 
     def _allocate(self):
         N, L, dev, spec = self.num_slots, self.length, self.device, self.spec
@@ -586,8 +549,8 @@ class DecodeEngine:
                                taps=taps, folded=self.tap_project is not None, attention_mask=self.attention_mask)
         first_active, committed = verbs.close_step(
             self.policy, inp, region, self.x, self.state, self.attention_mask, end_ids=self.end_ids,
-            pad_id=self.spec.pad_id, stop_at_eot=self.stop_at_eot, apply_commits=apply_commits_ref,
-            commit_step=self.commit_step, generator=generator, live=live)
+            pad_id=self.spec.pad_id, stop_at_eot=self.stop_at_eot, apply_commits=self.ops.apply_commits,
+            commit_step=self.ops.commit_step, generator=generator, live=live)
         self.first_active.copy_(first_active)
         # the row's commit count at its step index (a finished row writes into the spare last column)
         at = torch.where(live, self.steps, self.budget).clamp(max=self.budget)

@@ -56,7 +56,8 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
     greedy steps without CFG inside the forward, from the LM head's input; other steps, and the reference, go
     through the logits. ``tap_project`` (fused only, with ``window_logits_stats``) folds the taps inside those
     forwards for a policy whose `Policy.tap_fold` is not None. ``commit_step`` (fused only) closes the steps of
-    policies whose ``commit_rule`` is that op's rule (not with an observer, which needs the chosen slots).
+    policies with a ``commit_rule`` (not with an observer, which needs the chosen slots: `select` decides those
+    steps by the same rule's spec).
     ``cache`` / ``refresh_every`` / ``refresh_shift``: the approximate KV cache (`tracelock.decode.kv_cache`)."""
     verbs.check_options(model, temperature, cfg_scale)
     schedule, policy, refresh_shift = verbs.setup_run(

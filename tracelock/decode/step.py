@@ -216,12 +216,12 @@ def close_step(policy: Policy, inp: StepInput, region: Region, x, state, attenti
                stop_at_eot, apply_commits, commit_step=None, generator=None, live=None, observe=None) -> tuple:
     """Close the step of the rows of ``x`` / ``state`` [b, L] (in place): commit what the policy chooses.
 
-    When ``commit_step`` is given and the policy's `Policy.commit_rule` is that op's rule, the op scores, selects
-    and commits on the device in one pass. Otherwise the policy decides (chosen slots and an optional end-of-text
-    cut), ``observe(chosen)`` sees the choice before the commits, ``apply_commits`` writes them (and with
-    ``stop_at_eot`` fills a row's tail after a committed end token), and the cut truncates the row, masking its tail
-    in ``attention_mask``. ``live`` [b] (the engine's slots; None: every row) keeps the other rows whole.
-    stop_at_eot needs the tail fill of apply_commits, so it never takes the commit_step path.
+    When ``commit_step`` is given and the policy has a `Policy.commit_rule` (TraceLock, whatever rule it carries), the
+    op scores, selects, commits and fills the end-of-text tail on the device in one pass. Otherwise the policy
+    decides (chosen slots and an optional end-of-text cut), ``observe(chosen)`` sees the choice before the commits,
+    ``apply_commits`` writes them (and with ``stop_at_eot`` fills a row's tail after a committed end token), and the
+    cut truncates the row, masking its tail in ``attention_mask``. ``live`` [b] (the engine's slots; None: every row)
+    keeps the other rows whole.
 
     Returns:
         (first_active [b], committed [b]): each row's first active position (L for none) and its commit count.
@@ -229,13 +229,11 @@ def close_step(policy: Policy, inp: StepInput, region: Region, x, state, attenti
     signals, active = inp.signals, inp.active
     length = x.shape[1]
     scatter_pos = region.scatter_positions(length)
-    rule = None if commit_step is None or stop_at_eot else policy.commit_rule(inp)
+    rule = None if commit_step is None else policy.commit_rule(inp)
     if rule is not None:
-        score, tau, theta, cap = rule
-        was_active = (state == states.ACTIVE).sum(1)
-        first_active, _ = commit_step(score, tau, active, signals.proposal, scatter_pos, x, state, end_ids, theta,
-                                      cap)
-        return first_active, was_active - (state == states.ACTIVE).sum(1)
+        return commit_step(rule.score, rule.tau, active, signals.proposal, scatter_pos, x, state, end_ids, rule.theta,
+                           rule.cap, fallback_score=rule.fallback_score, held=rule.held, inclusive=rule.inclusive,
+                           fill_id=pad_id, stop_at_eot=bool(stop_at_eot))
     chosen, cut = policy.decide(inp, generator)
     chosen = chosen & active
     if observe is not None:

@@ -18,7 +18,8 @@ import torch
 
 from ..signals import Signals, gumbel_noise
 
-__all__ = ["Lookahead", "Policy", "StepInput", "active_first_order", "gumbel_topk_mask", "held_ends", "topk_mask"]
+__all__ = ["CommitRule", "Lookahead", "Policy", "StepInput", "active_first_order", "gumbel_topk_mask", "held_ends",
+           "topk_mask"]
 
 
 @dataclass
@@ -79,6 +80,31 @@ class StepInput:
     attention_mask: torch.Tensor | None = None
     tap_inputs: torch.Tensor | None = None
     lookahead: Lookahead | None = None
+
+
+@dataclass
+class CommitRule:
+    """A step's commits as the inputs of `tracelock.ops.commit_step` (spec: ``kernels.ref.commit_step_ref``): slots
+    with ``sigmoid(score - tau) > theta`` (``>=`` when ``inclusive``) commit, at most ``cap`` (0: no cap), else the
+    best by ``fallback_score`` (None: the margin), never a ``held`` slot.
+
+    Args:
+        score (torch.Tensor): [B, R] per-slot score.
+        tau (torch.Tensor): [B] per-row threshold logit.
+        theta (float): commit probability threshold.
+        cap (int): most commits per row and step; 0 = no cap.
+        fallback_score (torch.Tensor, optional): [B, R] what the fallback maximises; None: the margin.
+        held (torch.Tensor, optional): [B, R] bool slots kept masked this step; None: none.
+        inclusive (bool): ``>=`` instead of ``>``.
+    """
+
+    score: torch.Tensor
+    tau: torch.Tensor
+    theta: float
+    cap: int = 0
+    fallback_score: torch.Tensor | None = None
+    held: torch.Tensor | None = None
+    inclusive: bool = False
 
 
 class Policy:
@@ -146,10 +172,10 @@ class Policy:
         L for none); None (the default) when the policy never truncates."""
         return self.select(inp, generator), None
 
-    def commit_rule(self, inp: StepInput):
-        """``(score [B, R], tau [B], theta, cap)`` when this step's commits are exactly `tracelock.ops.commit_step`'s
-        rule on them (the fused loop then closes the step with that op, on the device); None (the default) when
-        the policy's own :meth:`select` decides."""
+    def commit_rule(self, inp: StepInput) -> CommitRule | None:
+        """The step's `CommitRule` when this policy's commits are `tracelock.ops.commit_step`'s rule (the fused loop
+        and the engine then close the step with that op, on the device, and :meth:`select` must be
+        ``kernels.ref.commit_select_ref`` of the same rule); None (the default) when :meth:`select` decides."""
         return None
 
     def tap_fold(self, model) -> tuple | None:

@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 from tracelock.controller import FALLBACKS
-from tracelock.kernels.ref import commit_margin_threshold, tap_project_ref
+from tracelock.kernels.ref import commit_margin_threshold, commit_select_ref, tap_project_ref
 
-from .base import Policy, StepInput, held_ends, topk_mask
+from .base import CommitRule, Policy, StepInput, held_ends
 
 __all__ = ["TraceLockPolicy"]
 
@@ -67,9 +67,6 @@ def _load(controller, encoder, model):
     return controller.eval(), encoder
 
 
-HELD = -1e4  # the score of a held slot: its margin is below any real one, so neither the rule nor the fallback picks it
-
-
 class TraceLockPolicy(Policy):
     """Commit the active slots the controller deems stable.
 
@@ -99,8 +96,9 @@ class TraceLockPolicy(Policy):
             controller's largest margin (the paper's rule), "confidence" or "neg_entropy", the backbone's most
             certain slot by that score (the LLaDA and Dream families' one-per-step rules, so a high theta tends to
             them). The controller's best slot was twice as often the first wrong commit as any commit
-            (docs/frontier.md). The backbone's scores decide in `select` (the fused loop's commit op implements the
-            paper's rule only). Default: the controller's commit rule, else "score". The shipped controllers
+            (docs/frontier.md). Every combination is one `CommitRule`, which the fused loop and the engine close
+            with `ops.commit_step` and `select` decides by the same spec. Default: the controller's commit rule,
+            else "score". The shipped controllers
             carry ``hold_end=True`` and their family's score; ``hold_end=False, fallback="score"`` is the paper's
             rule with any controller.
         model (DiffusionBackbone, optional): when given, the controller's and encoder's backbone fingerprints are
@@ -141,7 +139,7 @@ class TraceLockPolicy(Policy):
         rule = {} if reference_release else self._controller.config.commit_rule
         self.hold_end = rule.get("hold_end", False) if hold_end is None else hold_end
         self.fallback = rule.get("fallback", "score") if fallback is None else fallback
-        self._margin_threshold = commit_margin_threshold(self.theta)
+        commit_margin_threshold(self.theta, self.inclusive)  # validates theta once, here
         self._device, self._fold = None, None
         # set by a `tracelock.eval.diagnostics.ControllerStepRecorder` while it records: the policy then keeps the
         # last step's slot scores and tau for it; off by default, so decoding holds on to nothing
@@ -219,8 +217,6 @@ class TraceLockPolicy(Policy):
         if self.static_tau is not None:
             tau = torch.full_like(tau, self.static_tau)
         a = a.gather(1, inp.positions)
-        if self.hold_end:
-            a = a.masked_fill(held_ends(inp), HELD)
         if self.record_scores:
             self.last_scores = (a, tau)
         return a, tau
@@ -230,29 +226,21 @@ class TraceLockPolicy(Policy):
         a, tau = self.slot_scores(inp)
         return a - tau[:, None], tau
 
-    def commit_rule(self, inp: StepInput):
-        """The step as `ops.commit_step` inputs (the fused loop closes the step with it); None for the reference
-        release's inclusive fp32 rule, which only `select` implements."""
-        if self.inclusive or self.fallback != "score":
-            return None
+    def commit_rule(self, inp: StepInput) -> CommitRule:
+        """The step as `ops.commit_step` inputs, for every rule the policy can carry (the paper's, the reference
+        release's inclusive one, hold_end, each fallback): the fused loop and the engine close it with that op."""
+        return self._rule(inp)
+
+    def _rule(self, inp: StepInput) -> CommitRule:
         a, tau = self.slot_scores(inp)
-        return a, tau, self.theta, self.cap or 0
+        fallback = None if self.fallback == "score" else getattr(inp.signals, self.fallback)
+        return CommitRule(a, tau, self.theta, self.cap or 0, fallback_score=fallback,
+                          held=held_ends(inp) if self.hold_end else None, inclusive=self.inclusive)
 
     def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
-        m, _ = self.margins(inp)
-        active = inp.active
-        if self.inclusive:
-            # the reference release's rule as it runs there: fp32 sigmoid(m) >= theta
-            passes = active & (torch.sigmoid(m) >= self.theta)
-        else:
-            # sigmoid(m) > theta decided exactly on the margin, the rule of `commit_step` (kernels/ref.py)
-            passes = active & (m > self._margin_threshold)
-        ones = torch.ones(len(m), dtype=torch.long, device=m.device)
-        if self.cap is not None:
-            # order by the margin: sigmoid saturates to exactly 1.0 in fp32 for m > ~17, the margin does not
-            passes = topk_mask(m, passes, ones * self.cap)
-        if self.fallback != "score":  # the backbone's most certain slot that hold_end does not hold
-            best = topk_mask(getattr(inp.signals, self.fallback), active & (m > HELD / 2), ones)
-        else:
-            best = topk_mask(m, active, ones)
-        return passes | (best & ~passes.any(dim=1, keepdim=True))
+        # the selection half of commit_step's spec on the same rule: the torch path and the kernel agree by
+        # construction
+        rule = self._rule(inp)
+        m = rule.score.float() - rule.tau.float()[:, None]
+        return commit_select_ref(m, inp.active, commit_margin_threshold(rule.theta, rule.inclusive), rule.cap,
+                                 rule.fallback_score, rule.held)
