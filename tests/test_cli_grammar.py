@@ -1,11 +1,10 @@
-"""The CLI's one grammar: every --help fast and showing defaults, deprecated spellings that still work, --version,
---threads, --quiet, and bad input that ends in one line instead of a traceback."""
+"""The CLI's one grammar: every --help shown without importing torch and with every default, deprecated spellings
+that still work, --version, --threads, --quiet, and bad input that ends in one line instead of a traceback."""
 
 import argparse
 import json
 import os
 import re
-import resource
 import subprocess
 import sys
 
@@ -18,10 +17,22 @@ PARSER = build_parser()
 # `lm-eval` hands every argument, --help included, to lm-eval's own command line (tests/test_lm_eval_model.py)
 PASSTHROUGH = {"lm-eval"}
 COMMANDS = sorted(set(PARSER._subparsers._group_actions[0].choices) - PASSTHROUGH)
-# `tracelock --help` must stay under 0.5 s. Timed as the child's CPU seconds (best of 3), which equal the wall time on
-# an idle machine but do not grow while a loaded CI machine makes it wait for a core: 0.22-0.28 s for every command
-# on the 2-core AMD EPYC, where importing torch alone costs over 1 s
-HELP_CPU_SECONDS = 0.5
+# `--help` must not load these: importing torch alone costs over 1 s on the 2-core AMD EPYC, where every command's help
+# takes about 0.25 s without it. What the help costs in seconds is measured, not asserted (a slower or busier machine
+# would fail a bound): bench/test_bench_cli.py, numbers in docs/benchmarks.md
+HEAVY_MODULES = ("torch", "transformers", "triton", "tracelock._C")
+# `python -m tracelock ARGS`, then the heavy modules it loaded, as the last line of stderr
+HELP_PROBE = f"""
+import json, runpy, sys
+sys.argv = ["tracelock", *sys.argv[1:]]
+code = 0
+try:
+    runpy.run_module("tracelock", run_name="__main__", alter_sys=True)
+except SystemExit as exit:
+    code = exit.code
+print("\\n" + json.dumps([m for m in {HEAVY_MODULES!r} if m in sys.modules]), file=sys.stderr)
+sys.exit(code)
+"""
 
 
 def _subparser(name):
@@ -40,16 +51,13 @@ def test_building_the_parser_imports_no_torch():
 
 
 @pytest.mark.parametrize("command", [None, *COMMANDS])
-def test_help_is_fast_and_shows_every_default(command):
+def test_help_imports_no_torch_and_shows_every_default(command):
     args = ["--help"] if command is None else [command, "--help"]
-    seconds = []
-    for _ in range(3):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        done = run_cli(*args, timeout=60)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        assert done.returncode == 0, done.stderr
-        seconds.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-    assert min(seconds) < HELP_CPU_SECONDS, f"tracelock {' '.join(args)} took {min(seconds):.2f} s of CPU time"
+    done = subprocess.run([sys.executable, "-c", HELP_PROBE, *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: tracelock {command or ''}".rstrip()), done.stdout[:200]
+    loaded = json.loads(done.stderr.rstrip().rsplit("\n", 1)[-1])
+    assert loaded == [], f"tracelock {' '.join(args)} imported {', '.join(loaded)}: the help would wait for them"
     if command is None:
         return
     formatter = HelpFormatter("tracelock")
