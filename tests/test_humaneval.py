@@ -143,7 +143,9 @@ def test_humaneval_check_pass_at_1_semantics():
     assert humaneval_check(problem, "    raise SystemExit(0)\n") is False  # exit code 0, but the tests never ran
     t0 = time.monotonic()
     assert humaneval_check(problem, "    while True:\n        pass\n", timeout_s=1) is False  # timeout
-    assert time.monotonic() - t0 < 5
+    # the wall clock is the behaviour: timeout_s=1 holds (about 1.1 s here), not the default TIMEOUT_S of 10 s, which
+    # this bound, 10x the timeout for a busy machine, can tell apart
+    assert time.monotonic() - t0 < 10
     # a raw continuation with script code after the body fails until it is truncated
     raw = good + "\n\nprint(has_close_elements([1.0], undefined_threshold))\n"
     assert humaneval_check(problem, raw) is False and humaneval_check(problem, truncate_completion(raw)) is True

@@ -153,6 +153,8 @@ def test_http_persistent_500_raises_after_retries(server):
 
 
 def test_http_timeout_is_retried(server):
+    # the wall clock is the behaviour: the late reply waits 5x the 0.3 s timeout (a sleep, so never sooner), and the
+    # retried one, a loopback reply of a few milliseconds, has 0.3 s, 100x that, however busy the machine
     server.script += [Sleep(1.5, "late"), "on time"]
     judge = http_judge(server, timeout_s=0.3)
     assert judge.complete([{"role": "user", "content": "hi"}]) == "on time"

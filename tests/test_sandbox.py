@@ -40,7 +40,7 @@ def _survivors(marker: str, within: float = 3.0) -> list[int]:
 def test_ok_program():
     r = run_python("print('hello')")
     assert (r.status, r.returncode, r.stdout, r.stderr) == ("ok", 0, "hello\n", "")
-    assert 0 < r.seconds < 5
+    assert r.seconds > 0  # how long it took is bench/test_bench_sandbox.py's to measure, not a bound here
 
 
 def test_syntax_errors_are_classified_without_running():
@@ -64,16 +64,17 @@ def test_wall_timeout_kills_the_process_group():
     t0 = time.monotonic()
     r = run_python(src, timeout=1, cpu_seconds=10)
     assert r.status == "timeout" and r.returncode is None
-    assert time.monotonic() - t0 < 3
+    # the wall clock is the behaviour: killed at the 1 s timeout (about 1.05 s here), not when the child's 30 s sleep
+    # lets go of the output pipe; 10 s is 10x the timeout, room for a busy machine, and still a third of that sleep
+    assert time.monotonic() - t0 < 10
     assert len(r.stdout.split()) == 1, "the child was not started"
     assert not _survivors("30.0101"), "the sandboxed program's child survived the timeout"
 
 
 def test_cpu_limit_kills():
     r = run_python("while True:\n    pass\n", timeout=10, cpu_seconds=1)
-    assert r.status == "killed"
+    assert r.status == "killed"  # not "timeout": the 1 s CPU limit ended it, not the 10 s wall clock
     assert r.returncode in (-signal.SIGXCPU, -signal.SIGKILL)
-    assert r.seconds < 5
 
 
 def test_cpu_limit_sits_above_the_wall_clock():
@@ -98,8 +99,9 @@ def test_process_limit_stops_spawning_and_everything_is_cleaned_up():
            "for _ in range(50):\n"
            "    print(subprocess.Popen(['sleep', '30.0202']).pid, flush=True)\n")
     r = run_python(src, max_processes=4)
-    assert r.status == "killed", r
-    assert "Resource temporarily unavailable" in r.stderr
+    # the refused fork raised in the program and nothing handled it: an exception, not a signal (issue 64)
+    assert (r.status, r.returncode, r.signal) == ("runtime_error", 1, None), r
+    assert r.stderr.rstrip().endswith("BlockingIOError: [Errno 11] Resource temporarily unavailable")
     assert 0 < len(r.stdout.split()) < 50
     assert not _survivors("30.0202"), "spawned children outlived the run"
 
@@ -155,14 +157,17 @@ def test_check_program_humaneval_style():
 
 
 def test_check_many_keeps_order_and_runs_concurrently():
+    # each job prints when it started and when it ended (the wall clock every process shares): concurrent means the
+    # four were all running at once, every start before every end, however long the machine took. The starts lie
+    # about 0.05 s apart on the idle 2-core machine; the 1 s sleep leaves 20x that. The speedup is
+    # bench/test_bench_sandbox.py's to measure
     tests = "def check(candidate):\n    assert candidate() == {i}\n"
-    jobs = [(f"import time\ndef f():\n    time.sleep(0.5)\n    return {i}\n", tests.format(i=i if i != 2 else -1), "f")
-            for i in range(4)]
-    t0 = time.monotonic()
+    jobs = [(f"import time\ndef f():\n    print(time.time(), flush=True)\n    time.sleep(1)\n    print(time.time())\n"
+             f"    return {i}\n", tests.format(i=i if i != 2 else -1), "f") for i in range(4)]
     results = check_many(jobs, workers=4)
-    elapsed = time.monotonic() - t0
     assert [r.status for r in results] == ["ok", "ok", "runtime_error", "ok"]
-    assert elapsed < 1.6, f"4 x 0.5 s jobs with 4 workers took {elapsed:.2f} s"
+    starts, ends = zip(*(map(float, r.stdout.split()) for r in results))
+    assert max(starts) < min(ends), f"the jobs did not all run at once: started {starts}, ended {ends}"
 
 
 def test_crash_signal_is_reported():
