@@ -4,7 +4,8 @@
 #  1. the Triton kernels' parity tests natively, each autotune config on its own (against kernels/ref.py);
 #  2. bench/gpu_step.py at LLaDA-8B's shape: torch.profiler on one refresh and one cached step (every kernel's time,
 #     calls, bytes where derivable, GB/s, share of the step; profile-llada-8b.md), window_logits_stats and
-#     tap_project against their roofline at B = 1, 8, 32, TraceLock's step in the engine against the bare step,
+#     tap_project against their roofline at B = 1, 8, 32, TraceLock's step with the shipped commit rule in the engine
+#     against the bare step (goal 1.05x) and the commit kernel's time per step,
 #     torchao's weight-only int8 (only if torchao imports on the device);
 #  3. bench/gpu_race.py at LLaDA-8B's and then Dream-7B's shape: k = 2 and 4 tokens per step on both sides, Fast-dLLM's
 #     own code (its steps argument) against tracelock's eager loop and engine (CUDA graphs; inductor with

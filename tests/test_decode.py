@@ -126,13 +126,14 @@ FUSED_CASES = ([(name, args, "torch") for name, args in DETERMINISTIC + [("rando
                + [(name, args, None) for name, args in DETERMINISTIC if name in ("confidence", "threshold", "topk")])
 
 
+@pytest.mark.parametrize("stop_at_eot", [True, False], ids=["stop", "no-stop"])
 @pytest.mark.parametrize("name,args,impl", FUSED_CASES, ids=[f"{n}-{i or 'default'}" for n, _, i in FUSED_CASES])
-def test_fused_equals_reference(model, name, args, impl):
+def test_fused_equals_reference(model, name, args, impl, stop_at_eot):
     prompts = random_prompts(model)
     ref, ref_stats = tracelock.reference_generate(model, prompts, policy=name, policy_args=args, gen_length=G,
-                                                  window=6, stop_at_eot=True)
+                                                  window=6, stop_at_eot=stop_at_eot)
     got, got_stats = tracelock.fused_generate(model, prompts, policy=name, policy_args=args, gen_length=G, window=6,
-                                              stop_at_eot=True, impl=impl)
+                                              stop_at_eot=stop_at_eot, impl=impl)
     assert torch.equal(ref, got)
     assert ref_stats.steps == got_stats.steps
     assert ref_stats.commits_per_step == got_stats.commits_per_step

@@ -68,6 +68,8 @@ def test_step_dry_run(tmp_path):
     assert "roofline_share" not in kernels["head"][0]  # no card, no roofline
     step = saved["tracelock_step"]
     assert step["bare"]["cached_steps"] > 0 and step["tracelock"]["cached_steps"] > 0 and step["cached_ratio"] > 0
+    assert step["commit_rule"] == {"hold_end": True, "fallback": "confidence"} and step["cached_ratio_paper_rule"] > 0
+    assert step["commit_kernel"]["checked_against_spec"] and step["commit_kernel"]["B"] == 1
     assert "no CUDA device" in saved["int8"]["skipped"]
 
 

@@ -58,8 +58,9 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
         compile (bool | str, optional): decode on the static-shape engine with each step compiled by
             ``torch.compile(fullgraph=True)`` (inductor on CPU, CUDA graphs on CUDA; the first call of a setting
             compiles, seconds to a minute), same tokens and steps as the eager loop; "cudagraphs" (CUDA only)
-            captures the uncompiled engine's steps as CUDA graphs instead (no compile time). Its ops are the torch
-            specs on CPU and the Triton kernels on CUDA (``impl`` is not used). CFG, an observer, sampling and
+            captures the uncompiled engine's steps as CUDA graphs instead (no compile time). Its ops are each op's
+            default that a graph can hold (`ops.op_set`: the Triton kernels and, when built, the CUDA commits on
+            CUDA; the torch bookkeeping under inductor; ``impl`` is not used). CFG, an observer, sampling and
             stochastic policies warn and run the eager loop. Default: ``TRACELOCK_COMPILE`` (1, cudagraphs or 0),
             else False.
 
