@@ -1,7 +1,15 @@
 """Sandboxed execution of generated Python code (docs/evaluation.md), never in the harness process: a fresh interpreter
 per program with resource limits, its own process group, no network where the kernel allows, a scrubbed environment,
-closed stdin and a temporary working directory. A root harness drops the child to ``nobody`` (RLIMIT_NPROC is not
-enforced for root).
+closed stdin and a temporary working directory. A root harness drops the child to an unprivileged user of its own:
+one leased for the run from a pool of ids that no account uses (``USER_POOL``; ``SEPARATE_USERS``), so that
+RLIMIT_NPROC, which counts every process of a user on the machine, is the run's own budget, not one that concurrent
+runs spend for each other (RLIMIT_NPROC is not enforced for root). A lease is a lock file held for the run (released
+by the kernel if the harness dies); a user that still owns a process, a zombie of an earlier run included, is never
+leased; when the run ends, whatever is left under its user is killed, daemons that left the process group included.
+Where the pool cannot be used (no root-only lock directory, or the kernel refuses the ids, e.g. in a user namespace
+that does not map them) every run is ``nobody``, as before: concurrent runs then share one process budget, and a
+warning says so once; the harness still kills what is left in the run's session and waits for its zombies to be
+reaped before it returns, so one run does not spend the next one's budget.
 
 Where the kernel permits it (probed once, like the network namespace), a root harness also contains the program in
 private mount and PID namespaces (``CONTAINMENT``): the whole file tree is read-only (``/tmp`` included), the
@@ -11,17 +19,21 @@ the namespace is a minimal init owned by root that only reaps; the program is it
 program or its children send it acts as it would anywhere (PID 1 ignores signals it has no handler for), and when
 the program ends, init passes on how it ended and exits, and the kernel kills every process the program left,
 daemons that left the process group included. The program keeps no capability. Without containment (a non-root
-harness, or namespaces refused) the program can write wherever ``nobody`` (or the harness user) may, e.g. the
-world-writable ``/tmp``, and a daemon that leaves its process group outlives the run; a warning says so once.
+harness, or namespaces refused) the program can write wherever its user may, e.g. the world-writable ``/tmp``, and
+on a shared user (``nobody`` or the harness's own) a daemon that leaves its session outlives the run; a warning says
+so once.
 
 Statuses are the same with and without the namespaces: a program ended by a signal (its own, a child's, its process
-group's, or a limit's) is "killed" and ``RunResult.signal`` names the signal."""
+group's, or a limit's) is "killed" and ``RunResult.signal`` names the signal. A program that dies of an unhandled
+exception is a "runtime_error" with its traceback, a refused ``fork()`` (``BlockingIOError``, the process limit)
+included: no signal ended it."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import dataclasses
+import fcntl
 import math
 import os
 import pwd
@@ -41,11 +53,19 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 __all__ = ["RunResult", "run_python", "check_program", "check_many", "probe_isolation", "NETWORK_ISOLATION",
-           "CONTAINMENT"]
+           "CONTAINMENT", "SEPARATE_USERS", "USER_POOL"]
 
 OUTPUT_LIMIT = 4096  # bytes kept per stream: enough for a traceback, small enough for thousands of results
 NETWORK_ISOLATION: bool | None = None  # None until probed; False: unshare(CLONE_NEWNET) is not permitted here
-DROP_PRIVILEGES: bool | None = None  # True: the harness is root and the child can switch to nobody
+DROP_PRIVILEGES: bool | None = None  # True: the harness is root and the child can switch to an unprivileged user
+SEPARATE_USERS: bool | None = None  # True: every run has a user of its own from USER_POOL (else nobody, shared)
+# the runs' users (uid = gid): no account, above the ranges that systemd and container tools hand out (up to
+# 0x6FFFFFFF), below systemd's "foreign" range (0x7FFE0000); one per concurrent run on the machine
+USER_POOL = range(0x7A000000, 0x7A000000 + 256)
+# where the leases are: root-only, so no sandboxed program can take one; the first that is usable
+LEASE_DIRS = ("/run/tracelock-sandbox", "/tmp/tracelock-sandbox-leases")
+LEASE_WAIT_S = 60.0  # how long a run waits for a free user when USER_POOL is exhausted
+LEFTOVER_WAIT_S = 5.0  # how long a run on a shared user waits for its leftover zombies to be reaped
 CONTAINMENT: bool | None = None  # True: private mount + PID namespaces (module docstring); False: refused or not root
 SCRATCH_MB = 64  # size of a contained run's working directory, a tmpfs: memory-backed, so bounded
 
@@ -56,14 +76,17 @@ _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 409
 # mount_setattr(2) has the same number on every architecture; struct mount_attr is four u64
 _SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID = 442, -100, 0x8000, 1, 2
 _PR_SET_KEEPCAPS, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 8, 38, 47, 2
-_NOBODY = (65534, 65534)  # uid, gid of nobody/nogroup on Linux; any unprivileged id works, listed or not
-# last traceback lines that mean a resource limit, not a bug: RLIMIT_AS, RLIMIT_FSIZE (EFBIG), RLIMIT_NPROC (EAGAIN)
-_RESOURCE_ERRORS = ("MemoryError", "OSError: [Errno 27]", "BlockingIOError: [Errno 11]")
+_NOBODY = (65534, 65534)  # uid, gid of nobody/nogroup on Linux: the shared fallback user
+# last traceback lines that mean a resource limit, not a bug: RLIMIT_AS, RLIMIT_FSIZE (EFBIG). A refused fork
+# (RLIMIT_NPROC, EAGAIN) is not among them: the program may handle it, and when it does not it dies of an exception
+# like any other ("runtime_error", with its traceback), not of a signal
+_RESOURCE_ERRORS = ("MemoryError", "OSError: [Errno 27]")
 # WNOWAIT peeks without reaping: the zombie keeps its pid (= the process group id) from reuse until killpg
 _PEEK = os.WEXITED | os.WNOHANG | os.WNOWAIT
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
 _probe_lock, _compile_lock = threading.Lock(), threading.Lock()
 _HOME_LAYOUT: tuple[str | None, tuple[str, ...]] = (None, ())  # set by probe_isolation: see _home_layout
+_LEASE_DIR: str | None = None  # set by probe_isolation: see _lease_dir
 
 
 @dataclasses.dataclass
@@ -71,7 +94,8 @@ class RunResult:
     """Outcome of one sandboxed run.
 
     ``status``: "ok", "syntax_error", "runtime_error" (exception, failed assert, exit != 0), "timeout" (wall clock)
-    or "killed" (signal or resource limit: SIGXCPU, MemoryError, file too large, fork refused). ``returncode``:
+    or "killed" (signal or resource limit: SIGXCPU, MemoryError, file too large). A refused ``fork()`` that the
+    program does not handle is a "runtime_error" (its traceback ends in ``BlockingIOError``). ``returncode``:
     None when the program never ran or hit the wall timeout; negative: the signal that killed it.
     """
 
@@ -104,7 +128,7 @@ def _check(rc: int, what: str) -> None:
         raise OSError(ctypes.get_errno(), f"{what} failed")
 
 
-def _drop_privileges(keep_read_cap: bool) -> None:
+def _drop_privileges(user: tuple[int, int], keep_read_cap: bool) -> None:
     # keep_read_cap (no containment): keep only CAP_DAC_READ_SEARCH, ambient so it survives exec, because the
     # interpreter may live where only root can enter (here /root/.pyenv); it also lets the program read any file.
     # Contained runs mount the interpreter back instead and keep nothing. Nothing root owns is writable either way;
@@ -112,8 +136,8 @@ def _drop_privileges(keep_read_cap: bool) -> None:
     if keep_read_cap:
         _check(_libc.prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0), "prctl(PR_SET_KEEPCAPS)")
     os.setgroups([])
-    os.setresgid(*(_NOBODY[1],) * 3)
-    os.setresuid(*(_NOBODY[0],) * 3)
+    os.setresgid(*(user[1],) * 3)
+    os.setresuid(*(user[0],) * 3)
     if keep_read_cap:
         mask = 1 << _CAP_DAC_READ_SEARCH  # capset(2) v3: header {version, pid}, data[2] {effective, permitted, inh.}
         header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
@@ -122,7 +146,7 @@ def _drop_privileges(keep_read_cap: bool) -> None:
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
 
 
-def _contain_processes(workdir: str, source: bytes) -> None:
+def _contain_processes(workdir: str, source: bytes, user: tuple[int, int]) -> None:
     """Called right after unshare(CLONE_NEWPID | CLONE_NEWNS), in the process Popen knows (the "reporter", which
     stays outside the new PID namespace). Forks the namespace's PID 1, a minimal init that sets up the private file
     tree and forks the program (PID 2); only the program returns, to drop privileges and exec. Init waits for the
@@ -132,7 +156,7 @@ def _contain_processes(workdir: str, source: bytes) -> None:
     status_r, status_w = os.pipe()
     init = os.fork()
     if init == 0:
-        program = _run_init(workdir, source, status_r, status_w)
+        program = _run_init(workdir, source, user, status_r, status_w)
         if program == 0:
             return
     try:  # never return: that would exec the program a second time
@@ -150,10 +174,11 @@ def _contain_processes(workdir: str, source: bytes) -> None:
         os._exit(255)
 
 
-def _run_init(workdir: str, source: bytes, status_r: int, status_w: int) -> int:
+def _run_init(workdir: str, source: bytes, user: tuple[int, int], status_r: int, status_w: int) -> int:
     """PID 1 of the run's namespace: returns 0 in the program's process, never in init's."""
     os.close(status_r)
-    _private_filesystem(workdir, source)  # an error here reaches Popen through its exec-error pipe, as any preexec's
+    # an error here reaches Popen through its exec-error pipe, as any preexec's
+    _private_filesystem(workdir, source, user)
     program = os.fork()
     if program == 0:
         os.close(status_w)
@@ -197,7 +222,7 @@ def _home_layout() -> tuple[str | None, tuple[str, ...]]:
     return home, tuple(sorted(keep))
 
 
-def _private_filesystem(workdir: str, source: bytes) -> None:
+def _private_filesystem(workdir: str, source: bytes, user: tuple[int, int]) -> None:
     """In a fresh mount namespace (root, before the privilege drop): everything read-only, a private tmpfs as the
     working directory, the home directory hidden, /proc for the run's PID namespace; then write the program into the
     working directory and enter it (the current directory still points at the parent's copy under the tmpfs)."""
@@ -219,50 +244,169 @@ def _private_filesystem(workdir: str, source: bytes) -> None:
            "mount_setattr(/, read-only)")
     # mounted after the read-only pass, so the one writable place; it covers the parent's (empty) directory
     _mount("tmpfs", workdir, "tmpfs", _MS_NOSUID | _MS_NODEV,
-           f"mode=0700,uid={_NOBODY[0]},gid={_NOBODY[1]},size={SCRATCH_MB}m,nr_inodes=4096")
+           f"mode=0700,uid={user[0]},gid={user[1]},size={SCRATCH_MB}m,nr_inodes=4096")
     path = os.path.join(workdir, "candidate.py")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with memoryview(source) as view:
         while view:
             view = view[os.write(fd, view):]
     os.close(fd)
-    os.chown(path, *_NOBODY)
+    os.chown(path, *user)
     os.chdir(workdir)
 
 
-def _preexec(workdir: str, source: bytes, *, isolate: bool, contain: bool, drop: bool, limits: list):
+def _preexec(workdir: str, source: bytes, *, isolate: bool, contain: bool, user: tuple[int, int] | None,
+             limits: list):
     def preexec() -> None:
         os.setsid()  # own process group, so killpg reaches every descendant that did not leave it
         os.umask(0o077)
         flags = (_CLONE_NEWNET if isolate else 0) | (_CLONE_NEWNS | _CLONE_NEWPID if contain else 0)
         if flags:  # fail closed: isolation was requested and probed as available
             _check(_libc.unshare(flags), "unshare")
-        if contain:
-            _contain_processes(workdir, source)
-        if drop:
-            _drop_privileges(keep_read_cap=not contain)  # after the unshare and the mounts, which need root
+        if contain:  # only with a user to drop to (probe_isolation)
+            _contain_processes(workdir, source, user)
+        if user is not None:
+            _drop_privileges(user, keep_read_cap=not contain)  # after the unshare and the mounts, which need root
         for which, value in limits:
             resource.setrlimit(which, value)
     return preexec
 
 
-def _launch(source: str, timeout: float, *, isolate: bool, contain: bool, drop: bool,
-            limits: list) -> tuple[str, str, int | None]:
-    """Run ``source`` as candidate.py in a fresh working directory; (stdout, stderr, returncode or None on timeout)."""
+def _lease_dir() -> str | None:
+    """The first of LEASE_DIRS that is (or can be made) a directory only the harness (root) can write in."""
+    for path in LEASE_DIRS:
+        with contextlib.suppress(OSError):
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            st = os.lstat(path)  # not a symlink, and not made by someone else beforehand (/tmp)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+                return path
+    return None
+
+
+def _uid_of(pid: str) -> tuple[int, bool] | None:
+    """(real uid, zombie) of a process, the uid RLIMIT_NPROC counts it under; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read()
+        at, state = status.index(b"\nUid:\t") + 6, status.index(b"\nState:\t") + 8
+        return int(status[at:status.index(b"\t", at)]), status[state:state + 1] == b"Z"
+    except (OSError, ValueError):
+        return None
+
+
+def _session_of(pid: str) -> tuple[int, bool] | None:
+    """(session id, zombie) of a process; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[3]), fields[0] == b"Z"
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _scan(of) -> dict[int, list[tuple[int, bool]]]:
+    """The processes in the harness's /proc (every PID namespace below its own included), by ``of(pid)[0]``:
+    value -> [(pid, zombie)]. Zombies count: RLIMIT_NPROC counts a process until it is reaped."""
+    found: dict[int, list[tuple[int, bool]]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (got := of(name)) is not None:
+            found.setdefault(got[0], []).append((int(name), got[1]))
+    return found
+
+
+def _kill_pinned(pid: int, of, value: int) -> None:
+    """SIGKILL ``pid`` if ``of(pid)[0] == value`` still holds once a pidfd pins the process: a pid freed and reused
+    between the scan and the kill names another process, which the check then sees."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):  # no pidfd (Python or kernel too old): the short race of a plain kill
+        if (of(str(pid)) or (None,))[0] == value:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return
+    try:
+        if (of(str(pid)) or (None,))[0] == value:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _clear_leftovers(of, value: int, *, spare: int, wait_for_zombies: bool) -> None:
+    """Kill every live process with ``of(pid)[0] == value`` but ``spare`` (the run's own, not reaped yet), again
+    until none is left (a fork bomb forks while it dies), for at most LEFTOVER_WAIT_S; with ``wait_for_zombies``
+    also wait until the zombies are reaped (whoever reaps them: the machine's init may take seconds)."""
+    deadline = time.monotonic() + LEFTOVER_WAIT_S
+    while left := [(pid, zombie) for pid, zombie in _scan(of).get(value, []) if pid != spare]:
+        live = [pid for pid, zombie in left if not zombie]
+        if not (live or wait_for_zombies) or time.monotonic() > deadline:
+            return
+        for pid in live:
+            _kill_pinned(pid, of, value)
+        time.sleep(0.001 if live else 0.01)
+
+
+def _lease_user() -> tuple[int, int]:
+    """(uid, the fd holding its lease): a user of USER_POOL that no run holds and that owns no process, an earlier
+    run's zombies included. The lease is an exclusive flock on the user's file in the lease directory, held until
+    the fd is closed (by the kernel, if the harness dies), and per open file, so threads exclude each other too."""
+    size, start = len(USER_POOL), secrets.randbelow(len(USER_POOL))  # a random start: few collisions to skip
+    deadline = time.monotonic() + LEASE_WAIT_S
+    while True:
+        busy: set[int] = set()
+        for k in range(size):
+            uid = USER_POOL[(start + k) % size]
+            if uid in busy:
+                continue
+            fd = os.open(os.path.join(_LEASE_DIR, str(uid)), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                busy = set(_scan(_uid_of)).intersection(USER_POOL)  # scanned after the lock: nothing new comes
+                if uid not in busy:
+                    return uid, fd
+            except BlockingIOError:
+                pass
+            os.close(fd)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no sandbox user free: all {size} of tracelock.sandbox.USER_POOL are in use by "
+                               f"runs or their leftover processes after {LEASE_WAIT_S:.0f} s; run fewer at once")
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def _run_user(separate: bool, drop: bool):
+    """(user, own): the user a run is dropped to (None: the harness's own) and whether no other run shares it."""
+    if not separate:
+        yield (_NOBODY if drop else None), False
+        return
+    uid, fd = _lease_user()
+    try:
+        yield (uid, uid), True
+    finally:
+        os.close(fd)  # after _launch cleared the user's processes
+
+
+def _launch(source: str, timeout: float, *, isolate: bool, contain: bool, user: tuple[int, int] | None,
+            own_user: bool, limits: list) -> tuple[str, str, int | None]:
+    """Run ``source`` as candidate.py in a fresh working directory, as ``user`` (None: the harness's own), which
+    ``own_user`` says no other run shares; (stdout, stderr, returncode or None on timeout)."""
     workdir = tempfile.mkdtemp(prefix="tracelock-sandbox-")
     try:
         if not contain:  # a contained child writes its own copy in its private tmpfs
             with open(os.path.join(workdir, "candidate.py"), "w", encoding="utf-8") as f:
                 f.write(source)
-            if drop:  # nobody must be able to read the source and write in its working directory
-                os.chown(workdir, *_NOBODY)
-        preexec = _preexec(workdir, source.encode(), isolate=isolate, contain=contain,
-                           drop=drop, limits=limits)
+            if user is not None:  # the run's user must be able to read the source and write in its directory
+                os.chown(workdir, *user)
+        preexec = _preexec(workdir, source.encode(), isolate=isolate, contain=contain, user=user, limits=limits)
         # -S -s -P rather than -I: -I implies -E, which would ignore PYTHONHASHSEED
         with subprocess.Popen([sys.executable, "-S", "-s", "-B", "-P", "candidate.py"], cwd=workdir,
                               env=dict(_ENV, HOME=workdir), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, preexec_fn=preexec, close_fds=True) as proc:
-            stdout, stderr, timed_out = _collect(proc, timeout)
+            stdout, stderr, timed_out = _collect(proc, timeout, user[0] if own_user else None)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return stdout, stderr, None if timed_out else proc.returncode
@@ -272,30 +416,37 @@ def probe_isolation() -> dict[str, bool]:
     """Find out, once per process, which isolation features this machine permits.
 
     Returns:
-        ``{"network_isolation": bool, "drop_privileges": bool, "containment": bool}``, also kept in the
-        module-level flags.
+        ``{"network_isolation": bool, "drop_privileges": bool, "separate_users": bool, "containment": bool}``,
+        also kept in the module-level flags.
     """
-    global NETWORK_ISOLATION, DROP_PRIVILEGES, CONTAINMENT, _HOME_LAYOUT
+    global NETWORK_ISOLATION, DROP_PRIVILEGES, SEPARATE_USERS, CONTAINMENT, _HOME_LAYOUT, _LEASE_DIR
 
-    def works(**flags) -> bool:  # tried in a real child: seccomp or namespace policy can refuse what root may do
-        # the import reads the standard library: the interpreter's files are reachable from inside
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            return _launch("import json\nprint(json.dumps(1))", 30, limits=[], **flags)[::2] == ("1\n", 0)
+    def works(*, separate: bool = False, drop: bool = False, **flags) -> bool:
+        # tried in a real child: seccomp, namespace policy or an unmapped id can refuse what root may do; the
+        # import reads the standard library: the interpreter's files are reachable from inside
+        with contextlib.suppress(OSError, subprocess.SubprocessError, RuntimeError), \
+                _run_user(separate, drop) as (user, own):
+            return _launch("import json\nprint(json.dumps(1))", 30, limits=[], user=user, own_user=own,
+                           **flags)[::2] == ("1\n", 0)
         return False
 
     with _probe_lock:
         if NETWORK_ISOLATION is None:
             root = os.geteuid() == 0
             _HOME_LAYOUT = _home_layout()
-            DROP_PRIVILEGES = root and works(isolate=False, contain=False, drop=True)
-            NETWORK_ISOLATION = works(isolate=True, contain=False, drop=False)
-            CONTAINMENT = bool(DROP_PRIVILEGES) and works(isolate=False, contain=True, drop=True)
-            if not (NETWORK_ISOLATION and CONTAINMENT):  # said once per process
+            _LEASE_DIR = _lease_dir() if root else None
+            SEPARATE_USERS = _LEASE_DIR is not None and works(isolate=False, contain=False, separate=True)
+            DROP_PRIVILEGES = SEPARATE_USERS or root and works(isolate=False, contain=False, drop=True)
+            NETWORK_ISOLATION = works(isolate=True, contain=False)
+            CONTAINMENT = DROP_PRIVILEGES and works(isolate=False, contain=True, separate=SEPARATE_USERS, drop=True)
+            if not (NETWORK_ISOLATION and SEPARATE_USERS and CONTAINMENT):  # said once per process
                 warnings.warn(f"partial sandbox: network isolation {NETWORK_ISOLATION}, root dropped {DROP_PRIVILEGES} "
-                              f"(else max_processes is not enforced), containment {CONTAINMENT} (else the program "
-                              "may write outside its directory and leave processes behind)", RuntimeWarning,
+                              f"(else max_processes is not enforced), a user per run {SEPARATE_USERS} (else "
+                              "concurrent runs share nobody's max_processes), containment "
+                              f"{CONTAINMENT} (else the program may write outside its directory)", RuntimeWarning,
                               stacklevel=2)
-    return {"network_isolation": NETWORK_ISOLATION, "drop_privileges": DROP_PRIVILEGES, "containment": CONTAINMENT}
+    return {"network_isolation": NETWORK_ISOLATION, "drop_privileges": DROP_PRIVILEGES,
+            "separate_users": SEPARATE_USERS, "containment": CONTAINMENT}
 
 
 def _syntax_error(source: str) -> str | None:
@@ -318,8 +469,22 @@ def _lowered(which: int, soft: int, hard: int | None = None) -> tuple[int, tuple
     return which, tuple(v if cap == resource.RLIM_INFINITY else min(v, cap) for v in (soft, hard))
 
 
-def _collect(proc: subprocess.Popen, timeout: float) -> tuple[str, str, bool]:
-    """Read both pipes until EOF or the deadline; keep the head of stdout and the tail of stderr (the traceback)."""
+def _kill_run(proc: subprocess.Popen, own_uid: int | None, *, wait_for_zombies: bool) -> None:
+    """Kill the run's process group, then every process left of the run's own user (``own_uid``), daemons
+    included, or else of the run's session; on a shared user, also wait for the session's zombies (the user's next
+    run would count them). Called before proc is reaped: until then its pid, the session's id, names no other
+    process."""
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    if own_uid is not None:  # a user with zombies left is not leased again (_lease_user): no need to wait
+        _clear_leftovers(_uid_of, own_uid, spare=proc.pid, wait_for_zombies=False)
+    else:
+        _clear_leftovers(_session_of, proc.pid, spare=proc.pid, wait_for_zombies=wait_for_zombies)
+
+
+def _collect(proc: subprocess.Popen, timeout: float, own_uid: int | None) -> tuple[str, str, bool]:
+    """Read both pipes until EOF or the deadline; keep the head of stdout and the tail of stderr (the traceback).
+    Then clear what the program left (_kill_run)."""
     deadline, out, err, timed_out = time.monotonic() + timeout, bytearray(), bytearray(), False
     try:
         with selectors.DefaultSelector() as sel:
@@ -327,8 +492,7 @@ def _collect(proc: subprocess.Popen, timeout: float) -> tuple[str, str, bool]:
             sel.register(proc.stderr, selectors.EVENT_READ, err)
             while sel.get_map():
                 if os.waitid(os.P_PID, proc.pid, _PEEK):  # exited, but leftover children may hold the pipes open
-                    with contextlib.suppress(OSError):
-                        os.killpg(proc.pid, signal.SIGKILL)
+                    _kill_run(proc, own_uid, wait_for_zombies=False)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     timed_out = os.waitid(os.P_PID, proc.pid, _PEEK) is None
@@ -349,8 +513,7 @@ def _collect(proc: subprocess.Popen, timeout: float) -> tuple[str, str, bool]:
             timed_out = time.monotonic() >= deadline
             time.sleep(0.001)
     finally:  # also on errors and KeyboardInterrupt: nothing may outlive the run
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_run(proc, own_uid, wait_for_zombies=True)
         proc.wait()  # the caller's `with Popen` closes the pipes
     out = out[:OUTPUT_LIMIT] + b"\n[... truncated]" if len(out) > OUTPUT_LIMIT else out
     err = b"[truncated ...]\n" + err[-OUTPUT_LIMIT:] if len(err) > OUTPUT_LIMIT else err
@@ -375,8 +538,9 @@ def run_python(source: str, *, timeout: float = 5.0, cpu_seconds: int | None = N
         cpu_seconds: RLIMIT_CPU; SIGXCPU at the limit, SIGKILL one second later (status "killed"); None:
             ``cpu_seconds_for(timeout)``, one second above the wall clock.
         memory_mb: RLIMIT_AS in MiB (the interpreter itself needs about 30).
-        max_processes: RLIMIT_NPROC; it counts all processes and threads of the child's user: ``nobody`` (shared
-            by concurrent runs) when the harness is root, else the harness's own user.
+        max_processes: RLIMIT_NPROC; it counts all processes and threads of the child's user, zombies included:
+            the run's own user (``SEPARATE_USERS``) when the harness is root, else ``nobody`` (shared by concurrent
+            runs) where the pool is refused, or the harness's own user (not enforced for root).
         max_file_mb: RLIMIT_FSIZE in MiB, the largest file the program may write.
         network: False: an empty network namespace where permitted (``NETWORK_ISOLATION``); True: untouched.
 
@@ -395,8 +559,9 @@ def run_python(source: str, *, timeout: float = 5.0, cpu_seconds: int | None = N
     limits = [_lowered(resource.RLIMIT_CORE, 0), _lowered(resource.RLIMIT_CPU, cpu_seconds, cpu_seconds + 1),
               _lowered(resource.RLIMIT_NPROC, max_processes), _lowered(resource.RLIMIT_FSIZE, max_file_mb << 20),
               _lowered(resource.RLIMIT_AS, memory_mb << 20)]
-    stdout, stderr, rc = _launch(source, timeout, isolate=not network and NETWORK_ISOLATION, contain=CONTAINMENT,
-                                 drop=DROP_PRIVILEGES, limits=limits)
+    with _run_user(SEPARATE_USERS, DROP_PRIVILEGES) as (user, own):
+        stdout, stderr, rc = _launch(source, timeout, isolate=not network and NETWORK_ISOLATION,
+                                     contain=CONTAINMENT, user=user, own_user=own, limits=limits)
     last = (stderr.strip().splitlines() or [""])[-1]
     status = ("timeout" if rc is None else "ok" if rc == 0 else
               "killed" if rc < 0 or last.startswith(_RESOURCE_ERRORS) else "runtime_error")

@@ -1,7 +1,8 @@
 """`run_sandboxed`: the stable script API for running generated Python code, a thin layer over `tracelock.sandbox`.
 
 The code runs in a separate, resource-limited process (never in the caller's), with a scrubbed environment, no
-network and, where the kernel permits, a read-only file tree and its own PID namespace; see `tracelock.sandbox`.
+network, an unprivileged user of its own (so runs beside it do not spend its process limit) and, where the kernel
+permits, a read-only file tree and its own PID namespace; see `tracelock.sandbox`.
 """
 
 from __future__ import annotations
