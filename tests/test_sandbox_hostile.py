@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import socket
+import stat
 import tempfile
 import time
 
@@ -20,6 +21,15 @@ SECRET_ENV = "TRACELOCK_HOSTILE_SECRET"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # errors that mean "blocked": read-only tree (contained) or file permissions (a dropped user either way)
 BLOCKED = ("Read-only file system", "Permission denied")
+
+
+def _guarded_by(path: str) -> str | None:
+    """What must keep a sandboxed program from creating ``path``: nothing but the run's user itself (None) where the
+    folder is writable only by its owner and group (the run's user owns nothing here and has no group), containment
+    (the read-only tree) where anyone may write there, as in /tmp; and containment everywhere when the harness
+    cannot drop to another user. So the case holds wherever the clone is: under /tmp, /work or a home folder."""
+    mode = os.stat(os.path.dirname(path)).st_mode
+    return "containment" if not FEATURES["drop_privileges"] or mode & stat.S_IWOTH else None
 
 
 def _read(path: str) -> str:
@@ -89,7 +99,7 @@ def test_hostile_programs_are_contained_and_fail(run_folder, victims, tmp_path, 
     outside = {  # places outside the run's directory; none may gain a file
         "/tmp": f"/tmp/{tag}", "a world-writable folder": os.path.join(victim_folder, tag),
         "/var/tmp": f"/var/tmp/{tag}", "/dev/shm": f"/dev/shm/{tag}", "the repository": os.path.join(REPO, tag),
-        "the repository's parent (/work)": os.path.join(os.path.dirname(REPO), tag),
+        f"the repository's parent ({os.path.dirname(REPO)})": os.path.join(os.path.dirname(REPO), tag),
         "$HOME": os.path.join(os.path.expanduser("~"), tag)}
     sleep_mark = f"{time.monotonic_ns() % 10**6 + 3600}.5"  # a unique argument to find the daemon by
     server = socket.socket()
@@ -120,14 +130,15 @@ def test_hostile_programs_are_contained_and_fail(run_folder, victims, tmp_path, 
                                   ("Permission denied",)),
         "leave a daemon and hang": ("import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
                                     f"        os.execv({shutil.which('sleep')!r}, ['sleep', {sleep_mark!r}])\n"
-                                    "    os._exit(0)\nos.wait()\nwhile True:\n    pass\n", 2, "containment", None),
+                                    "    os._exit(0)\nos.wait()\nwhile True:\n    pass\n", 2, "cleanup", None),
     }
     for where, path in outside.items():
-        cases[f"write to {where}"] = (f"open({path!r}, 'w').write('x')\n", 5, "containment"
-                                      if where in ("/tmp", "a world-writable folder", "/var/tmp", "/dev/shm")
-                                      else None, BLOCKED)
+        cases[f"write to {where}"] = (f"open({path!r}, 'w').write('x')\n", 5, _guarded_by(path), BLOCKED)
 
-    available = {None: True, "containment": FEATURES["containment"], "network": FEATURES["network_isolation"]}
+    # cleanup: a daemon that left the run's session dies with the run: the PID namespace ends it, or the harness
+    # kills every process of the run's own user
+    available = {None: True, "containment": FEATURES["containment"], "network": FEATURES["network_isolation"],
+                 "cleanup": FEATURES["containment"] or FEATURES["separate_users"]}
     targets = {f"write to {where}": path for where, path in outside.items()}
     failures, statuses, skipped = {}, {}, []  # failures: case -> what went wrong
     try:
@@ -182,18 +193,36 @@ def test_hostile_programs_are_contained_and_fail(run_folder, victims, tmp_path, 
     assert all(s != "ok" for s in statuses.values())
 
 
-@pytest.mark.skipif(not FEATURES["containment"], reason="private mount/PID namespaces are not permitted here")
-def test_signalling_everything_reaches_only_its_own_run():
-    """kill(-1) as nobody would hit every run of that user; contained, a concurrent run does not notice."""
+def _separated(contained: bool, monkeypatch) -> None:
+    """Runs kept apart by the PID namespace, or without it by a user of each run's own."""
+    if contained and not FEATURES["containment"]:
+        pytest.skip("private mount/PID namespaces are not permitted here")
+    if not contained and not FEATURES["separate_users"]:
+        pytest.skip("a user per run is not available here: without the PID namespace runs share nobody")
+    monkeypatch.setattr(sandbox, "CONTAINMENT", contained)
+
+
+MODES = pytest.mark.parametrize("contained", [True, False], ids=["pid-namespace", "no-namespace"])
+
+
+@MODES
+def test_signalling_everything_reaches_only_its_own_run(contained, monkeypatch):
+    """kill(-1) as nobody would hit every run of that user; contained, or on a user of its own, a concurrent run
+    does not notice."""
+    _separated(contained, monkeypatch)
     jobs = [("import os, time\ntime.sleep(0.3)\nos.kill(-1, 9)\n", "", None),
             ("import time\ntime.sleep(1.5)\nprint('survived')\n", "", None)]
     killer, victim = sandbox.check_many(jobs, workers=2, timeout=10)
-    assert killer.status == "runtime_error" and "ProcessLookupError" in killer.stderr, killer  # nobody to signal
+    if contained:  # alone in its namespace: nobody to signal
+        assert killer.status == "runtime_error" and "ProcessLookupError" in killer.stderr, killer
+    else:  # the kernel says success when it found processes, even if it could signal none of them
+        assert killer.status == "ok", killer
     assert (victim.status, victim.stdout) == ("ok", "survived\n")
 
 
-@pytest.mark.skipif(not FEATURES["containment"], reason="private mount/PID namespaces are not permitted here")
-def test_a_daemon_dies_with_a_run_that_exits_normally():
+@MODES
+def test_a_daemon_dies_with_a_run_that_exits_normally(contained, monkeypatch):
+    _separated(contained, monkeypatch)
     mark = f"{time.monotonic_ns() % 10**6 + 7200}.25"
     src = ("import os\nif os.fork() == 0:\n    os.setsid()\n    os.chdir('/')\n    if os.fork() == 0:\n"
            f"        os.execv({shutil.which('sleep')!r}, ['sleep', {mark!r}])\n    os._exit(0)\nos.wait()\n")
