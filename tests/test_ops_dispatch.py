@@ -132,22 +132,22 @@ def test_one_table_decides_every_driver(monkeypatch, cpp):
     monkeypatch.delenv("TRACELOCK_IMPL", raising=False)
     bookkeeping = "cpp" if cpp else "torch"
     triton = "triton" if ops._triton_state(CPU) is None else "torch"  # the interpreter, where TRITON_INTERPRET=1
+    # the kernel ops: a Triton kernel and its torch spec, nothing else
+    kernels = [op for op, impls in ops.IMPLEMENTATIONS.items() if impls == ("triton", "torch")]
+    assert {"window_logits_stats", "tap_project", "commit_step"} <= set(kernels)
     want = {
         "torch": dict.fromkeys(ops.IMPLEMENTATIONS, "torch"),
-        "triton": dict(apply_commits="torch", skip_finished_blocks="torch", window_logits_stats="triton",
-                       tap_project="triton", commit_step="triton"),
-        None: dict(apply_commits=bookkeeping, skip_finished_blocks=bookkeeping, window_logits_stats=triton,
-                   tap_project=triton, commit_step=triton),
+        "triton": dict(apply_commits="torch", skip_finished_blocks="torch", **dict.fromkeys(kernels, "triton")),
+        None: dict(apply_commits=bookkeeping, skip_finished_blocks=bookkeeping, **dict.fromkeys(kernels, triton)),
     }
     if cpp:
-        want["cpp"] = dict(apply_commits="cpp", skip_finished_blocks="cpp", window_logits_stats="torch",
-                           tap_project="torch", commit_step="torch")
+        want["cpp"] = dict(apply_commits="cpp", skip_finished_blocks="cpp", **dict.fromkeys(kernels, "torch"))
     for impl, expected in want.items():
         if impl == "triton" and triton == "torch":
             continue
         assert ops.op_set(impl, CPU).impls == expected, impl
     graph = ops.op_set(None, CPU, graph=True)
-    assert graph.impls == dict(want[None], window_logits_stats="torch", tap_project="torch", commit_step="torch")
+    assert graph.impls == dict(want[None], **dict.fromkeys(kernels, "torch"))
     # a graph gets the implementations themselves: the torch block advance is the loop-free one, not the spec
     from tracelock.kernels.ref import commit_step_ref
     from tracelock.kernels.skip_finished_blocks import skip_finished_blocks_torch
