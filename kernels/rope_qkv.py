@@ -23,7 +23,8 @@ def _in_dtype(x, LIKE):
 def _rope_qkv_kernel(
     QKV, COS, SIN, INDEX, Q_OUT, K_OUT, V_OUT,
     Q, H, KV, L_KV,
-    stride_xb, stride_xq, stride_cb, stride_cq, stride_sb, stride_sq,
+    stride_xb, stride_xq, stride_cb, stride_cq, stride_sb, stride_sq, stride_ib, stride_iq,
+    stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
     ROPE_FP32: tl.constexpr, HAS_INDEX: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):
@@ -59,9 +60,10 @@ def _rope_qkv_kernel(
     b_o1 = round_to(b_o1, Q_OUT.dtype.element_ty)  # [BLOCK_H, BLOCK_HALF]
     b_o2 = round_to(b_o2, Q_OUT.dtype.element_ty)
 
-    # destinations: q [B, H, Q, hd]; k and v [B, KV, L_KV, hd] at canvas position INDEX[b, q] (the cache) or at q
+    # destinations: q [B, H, Q, hd]; k and v [B, KV, L_KV, hd] (any strides but the last) at canvas position
+    # INDEX[b, q] (the cache) or at q
     if HAS_INDEX:
-        i_pos = tl.load(INDEX + i_bq)
+        i_pos = tl.load(INDEX + i_b * stride_ib + i_q * stride_iq)
     else:
         i_pos = i_q
     m_pos = (i_pos >= 0) & (i_pos < L_KV)
@@ -69,8 +71,8 @@ def _rope_qkv_kernel(
     is_k = (o_h >= H) & (o_h < H + KV) & m_pos
     is_v = (o_h >= H + KV) & (o_h < H + 2 * KV) & m_pos
     p_q = Q_OUT + ((i_b * H + o_h[:, None]) * Q + i_q) * HEAD_DIM + o_d[None, :]
-    p_k = K_OUT + ((i_b * KV + o_h[:, None] - H) * L_KV + i_pos) * HEAD_DIM + o_d[None, :]
-    p_v = V_OUT + ((i_b * KV + o_h[:, None] - H - KV) * L_KV + i_pos) * HEAD_DIM + o_d[None, :]
+    p_k = K_OUT + i_b * stride_kb + (o_h[:, None] - H) * stride_kh + i_pos * stride_kl + o_d[None, :]
+    p_v = V_OUT + i_b * stride_vb + (o_h[:, None] - H - KV) * stride_vh + i_pos * stride_vl + o_d[None, :]
     m_q, m_k, m_v = m_x & is_q[:, None], m_x & is_k[:, None], m_x & is_v[:, None]
     tl.store(p_q, b_o1, mask=m_q)
     tl.store(p_q + HALF, b_o2, mask=m_q)
@@ -103,10 +105,12 @@ def rope_qkv_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_h
     heads = n_heads + 2 * n_kv
     block_h = block_heads(heads, head_dim)
     grid = (B * Q, triton.cdiv(heads, block_h))
+    index_strides = (0, 0) if index is None else (index.stride(0), index.stride(1))
     _rope_qkv_kernel[grid](
         qkv, cos, sin, qkv if index is None else index, q, k, v,
         Q, n_heads, n_kv, k.shape[2],
-        qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+        qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), *index_strides,
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         ROPE_FP32=bool(rope_fp32), HAS_INDEX=index is not None, HEAD_DIM=head_dim, BLOCK_H=block_h,
         BLOCK_HALF=triton.next_power_of_2(max(head_dim // 2, 1)), num_warps=4,
     )
