@@ -124,6 +124,8 @@ def measure(name, fn, inputs, ref, io, device, ctx) -> dict:
         if not row["matches_spec"]:
             return dict(row, error="differs from linear_rows_ref; not timed")
         seconds = time_rotating(fn, inputs.weights, device, ctx["calls"])
+        # again after hundreds of calls: a split tile's counter left unreset would show here, not in the first call
+        row["matches_spec_after_timing"] = checked(lambda: fn(inputs.weights[-1]), ref)["matches_spec"]
         row.update(roofline(io["bytes"], io["flops"], seconds, ctx["bandwidth"], ctx["flop_rate"]))
         if ctx["flop_rate"]:
             row["tensor_peak_share"] = row["tflop_per_s"] * 1e12 / ctx["flop_rate"]
