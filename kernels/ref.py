@@ -157,6 +157,87 @@ def window_logits_stats_ref(hidden: torch.Tensor, weight: torch.Tensor, eos_id: 
     return proposal, max_prob, second_prob, neg_entropy, eos_prob
 
 
+def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float) -> tuple:
+    """The residual add and the RMSNorm after it, as the backbone computes them (``models.backbone.RMSNorm``).
+
+    ``summed = x + residual`` in x's dtype (``x`` itself when ``residual`` is None); with ``s = summed`` upcast to
+    fp32 for the statistics, ``normed = weight * (s * rsqrt(mean(s², -1) + eps)).to(x.dtype)``: normalised in fp32,
+    cast back, *then* scaled in the input dtype (as LLaDA, Llama and Qwen2 do), so the scale rounds once more.
+
+    Args:
+        x (torch.Tensor): [M, D] rows, fp32, fp16 or bf16.
+        residual (torch.Tensor, optional): [M, D] in x's dtype; None: no add.
+        weight (torch.Tensor): [D] the norm's scale (the model's dtype).
+        eps (float): added to the mean square.
+
+    Returns:
+        (normed [M, D] in x's dtype (torch's promotion of x's and weight's), summed [M, D] in x's dtype).
+    """
+    summed = x if residual is None else x + residual
+    s32 = summed.float()
+    y = s32 * torch.rsqrt(s32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * y.to(x.dtype), summed
+
+
+def _rotate_half(t: torch.Tensor) -> torch.Tensor:
+    t1, t2 = t.chunk(2, dim=-1)
+    return torch.cat((-t2, t1), dim=-1)
+
+
+def rope_qkv_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv: int, head_dim: int,
+                 rope_fp32: bool, k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
+                 index: torch.Tensor | None = None) -> tuple:
+    """Split the fused q/k/v projection's output into heads, apply RoPE to q and k as the backbone does
+    (``models.backbone.apply_rope``, half-split / NeoX), and with a KV cache write k and v into it in place.
+
+    RoPE is ``t * cos + rotate_half(t) * sin`` with ``rotate_half(t) = [-t2, t1]``: with ``rope_fp32`` (LLaDA) in fp32
+    from upcast t, then cast to the dtype; else (Dream) with cos and sin cast to the dtype first and every product and
+    the sum rounded to it. With ``k_cache``/``v_cache``, ``k_cache[b, :, index[b, j]] = k[b, :, j]`` (likewise v)
+    and the caches themselves are returned as k and v; duplicate positions of a row must carry equal values (a padded
+    query repeating its last position).
+
+    Args:
+        qkv (torch.Tensor): [B, Q, (n_heads + 2·n_kv)·head_dim], fp32, fp16 or bf16: q's heads, then k's, then v's.
+        cos, sin (torch.Tensor): [B, Q, head_dim] fp32 (``models.backbone.rope_cos_sin``).
+        n_heads, n_kv, head_dim (int): query heads, key/value heads, head width (even).
+        rope_fp32 (bool): rotate in fp32 (LLaDA) or in the dtype (Dream).
+        k_cache, v_cache (torch.Tensor, optional): [B, n_kv, Lc, head_dim] in qkv's dtype. Modified in place.
+        index (torch.Tensor, optional): [B, Q] int64 cache positions of the rows, in [0, Lc); with the caches.
+
+    Returns:
+        (q [B, n_heads, Q, head_dim], k and v [B, n_kv, Q, head_dim] contiguous, or the caches), qkv's dtype.
+    """
+    B, Q, _ = qkv.shape
+    q, k, v = qkv.view(B, Q, n_heads + 2 * n_kv, head_dim).transpose(1, 2).split((n_heads, n_kv, n_kv), dim=1)
+    cos, sin = cos[:, None], sin[:, None]
+    if rope_fp32:
+        q32, k32 = q.float(), k.float()
+        q = (q32 * cos + _rotate_half(q32) * sin).to(qkv.dtype)
+        k = (k32 * cos + _rotate_half(k32) * sin).to(qkv.dtype)
+    else:
+        cos, sin = cos.to(qkv.dtype), sin.to(qkv.dtype)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    if k_cache is None:
+        return q.contiguous(), k.contiguous(), v.contiguous()
+    where = index[:, None, :, None].expand(B, n_kv, Q, head_dim)
+    return q.contiguous(), k_cache.scatter_(2, where, k), v_cache.scatter_(2, where, v)
+
+
+def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's elementwise half: ``silu(gate) * up`` in the dtype, from the fused gate/up projection's output (gate
+    columns first). torch's silu computes ``x / (1 + exp(-x))`` in fp32 and rounds it to the dtype; the product
+    rounds again.
+
+    Args:
+        gate_up (torch.Tensor): [M, 2F], fp32, fp16 or bf16.
+
+    Returns:
+        out (torch.Tensor): [M, F] in gate_up's dtype.
+    """
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
 def commit_margin_threshold(theta: float, inclusive: bool = False) -> float:
     """The fp32 ``t`` with ``m > t  <=>  sigmoid(m) > theta`` (``>= theta`` when ``inclusive``) for every fp32
     margin ``m``, sigmoid in exact arithmetic: ``logit(theta)`` rounded down to fp32, one fp32 step lower when
@@ -293,3 +374,31 @@ def commit_step_ref(
     still = torch.cat([state == ACTIVE, torch.ones((B, 1), dtype=torch.bool, device=x.device)], dim=1)
     first_active = torch.where(still, torch.arange(L + 1, device=x.device), L).amin(1)
     return first_active, commit.sum(1)
+
+
+def linear_rows_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    residual: torch.Tensor | None = None, activation: str | None = None) -> torch.Tensor:
+    """A decode step's matrix product with its epilogue: ``y = x @ weight.T + bias``, then with ``activation =
+    "silu_mul"`` ``y = silu(y[:, :F]) * y[:, F:]`` (weight is the fused gate/up ``[2F, K]``, gate rows first), then
+    ``y + residual``; everything in fp32 from upcast inputs, rounded once to x's dtype at the end. (Unfused torch in
+    16-bit rounds after the product and again after each add: within the 16-bit tolerance of this spec.)
+
+    Args:
+        x (torch.Tensor): [M, K] rows, fp32, fp16 or bf16; rows may be strided, each row contiguous.
+        weight (torch.Tensor): [N, K] in x's dtype (nn.Linear's layout); [2F, K] with ``"silu_mul"``.
+        bias (torch.Tensor, optional): [N] added before the activation (the fused linear's bias). Default: None.
+        residual (torch.Tensor, optional): [M, N] (``[M, F]`` with ``"silu_mul"``), added last. Default: None.
+        activation (str, optional): None or ``"silu_mul"``. Default: None.
+
+    Returns:
+        out (torch.Tensor): [M, N] (``[M, F]`` with ``"silu_mul"``) in x's dtype.
+    """
+    y = x.float() @ weight.float().T
+    if bias is not None:
+        y = y + bias.float()
+    if activation == "silu_mul":
+        F = weight.shape[0] // 2
+        y = torch.nn.functional.silu(y[:, :F]) * y[:, F:]
+    if residual is not None:
+        y = y + residual.float()
+    return y.to(x.dtype)

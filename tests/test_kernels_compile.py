@@ -32,7 +32,13 @@ SM = 90
 # the int arguments that are multiples of 16 at LLaDA-8B's and Dream-7B's decode shapes (D 4096 / 3584, N 384,
 # V 126464 / 152064, splits of 256-column multiples, row strides of D)
 ALIGNED = {"_tap_project_kernel": ("D", "N", "stride_h1", "stride_h2", "stride_h3"),
-           "_window_logits_stats_kernel": ("V", "D", "SPLIT_V", "stride_h")}
+           "_window_logits_stats_kernel": ("V", "D", "SPLIT_V", "stride_h"),
+           # the backbone's elementwise kernels (D 4096 / 3584, F 12288 / 18944, fused q/k/v rows of 96 / 36 heads)
+           "_add_rms_norm_kernel": ("D", "stride_x", "stride_r"), "_silu_mul_kernel": ("F", "stride_m"),
+           "_rope_qkv_kernel": ("stride_xb", "stride_xq", "stride_cb", "stride_cq", "stride_sb", "stride_sq",
+                                "stride_kb", "stride_kh", "stride_kl", "stride_vb", "stride_vh", "stride_vl"),
+           # the matrix products (N 12288 / 4096 / 4608 / 3584, K 4096 / 12288 / 3584 / 18944, F 12288 / 18944)
+           "_linear_rows_kernel": ("N", "K", "stride_x", "stride_r")}
 
 
 def _aligned(cases: list) -> list:
@@ -108,9 +114,95 @@ def _commit_step_cases():
     return cases
 
 
+def _vectorised(cases: list) -> list:
+    """Elementwise ``cases`` (no loop to pipeline) as launched at the released shapes: aligned like `_aligned`'s, and
+    checked for 16-byte loads instead of asynchronous copies."""
+    return [dict(case, id=case["id"] + "-aligned", vectorised=True) for case in cases]
+
+
+def _add_rms_norm_cases():
+    from tracelock.kernels.add_rms_norm import num_warps_for
+
+    cases = []
+    # rows of the released widths (BLOCK_D 4096 for D 4096 and 3584) with and without the residual, in bf16 and fp32
+    # (an fp32 weight on bf16 rows once), and the smallest row tile with the fewest warps
+    for x, w, residual, block_d in [("bf16", "bf16", True, 4096), ("bf16", "bf16", False, 4096),
+                                    ("fp32", "fp32", True, 4096), ("bf16", "fp32", True, 4096),
+                                    ("fp16", "fp16", True, 64)]:
+        out = "fp32" if "fp32" in (x, w) else x
+        types = dict(X=f"*{x}", RES=f"*{x}", W=f"*{w}", NORMED=f"*{out}", SUMMED=f"*{x}", D="i32", stride_x="i32",
+                     stride_r="i32", eps="fp32")
+        cases.append(dict(id=f"add_rms_norm-{x}-w{w}-res{int(residual)}-D{block_d}", module="add_rms_norm",
+                          kernel="_add_rms_norm_kernel", types=types,
+                          constexprs=dict(HAS_RESIDUAL=residual, BLOCK_D=block_d), config=None,
+                          options=dict(num_warps=num_warps_for(block_d))))
+    return cases + _vectorised([c for c in cases if c["constexprs"]["BLOCK_D"] == 4096 and "fp32" not in c["id"]])
+
+
+def _rope_qkv_cases():
+    from tracelock.kernels.rope_qkv import block_heads
+
+    cases = []
+    # LLaDA (32 + 2·32 heads, rope in fp32) and Dream (28 + 2·4 heads, rope in bf16) at head_dim 128, with the cache
+    # (a cached step) and without (a refresh); fp32 and fp16 once each; the smallest head
+    for dt, rope_fp32, index, heads, head_dim in [("bf16", True, True, 96, 128), ("bf16", True, False, 96, 128),
+                                                  ("bf16", False, True, 36, 128), ("bf16", False, False, 36, 128),
+                                                  ("fp32", True, False, 96, 128), ("fp32", False, True, 36, 128),
+                                                  ("fp16", False, True, 3, 2)]:
+        block_h = block_heads(heads, head_dim)
+        types = dict(QKV=f"*{dt}", COS="*fp32", SIN="*fp32", INDEX="*i64", Q_OUT=f"*{dt}", K_OUT=f"*{dt}",
+                     V_OUT=f"*{dt}", Q="i32", H="i32", KV="i32", L_KV="i32",
+                     **dict.fromkeys(["stride_xb", "stride_xq", "stride_cb", "stride_cq", "stride_sb", "stride_sq",
+                                      "stride_ib", "stride_iq", "stride_kb", "stride_kh", "stride_kl", "stride_vb",
+                                      "stride_vh", "stride_vl"], "i32"))
+        constexprs = dict(ROPE_FP32=rope_fp32, HAS_INDEX=index, HEAD_DIM=head_dim, BLOCK_H=block_h,
+                          BLOCK_HALF=max(head_dim // 2, 1))
+        cases.append(dict(id=f"rope_qkv-{dt}-{'fp32' if rope_fp32 else 'dtype'}-index{int(index)}-hd{head_dim}"
+                             f"-H{block_h}", module="rope_qkv", kernel="_rope_qkv_kernel", types=types,
+                          constexprs=constexprs, config=None, options=dict(num_warps=4)))
+    return cases + _vectorised([c for c in cases if c["types"]["QKV"] == "*bf16"])
+
+
+def _silu_mul_cases():
+    from tracelock.kernels.silu_mul import BLOCK_F, num_warps_for
+
+    cases = []
+    # the full column tile in each dtype, and a narrow one (F < BLOCK_F)
+    for dt, block_f in [("bf16", BLOCK_F), ("fp16", BLOCK_F), ("fp32", BLOCK_F), ("bf16", 64)]:
+        cases.append(dict(id=f"silu_mul-{dt}-F{block_f}", module="silu_mul", kernel="_silu_mul_kernel",
+                          types=dict(GU=f"*{dt}", OUT=f"*{dt}", F="i32", stride_m="i32"),
+                          constexprs=dict(BLOCK_F=block_f), config=None,
+                          options=dict(num_warps=num_warps_for(block_f))))
+    return cases + _vectorised([c for c in cases if c["id"] == f"silu_mul-bf16-F{BLOCK_F}"])
+
+
+def _linear_rows_cases():
+    from tracelock.kernels.linear_rows import CONFIGS
+
+    def case(dt, block_m, bias, res, silu, config, aligned=False):
+        types = dict(X=f"*{dt}", W=f"*{dt}", BIAS=f"*{dt}", RES=f"*{dt}", OUT=f"*{dt}", PART="*fp32", COUNT="*i32",
+                     M="i32", N="i32", K="i32", stride_x="i32", stride_r="i32")
+        epi = "-".join(["bias"] * bias + ["res"] * res + ["silu"] * silu) or "plain"
+        return dict(id=f"linear_rows-{dt}-M{block_m}-{epi}-cfg{config}" + "-aligned" * aligned, module="linear_rows",
+                    kernel="_linear_rows_kernel", types=types, aligned=aligned, config=config,
+                    constexprs=dict(HAS_BIAS=bias, HAS_RES=res, SILU_MUL=silu, DOT_NATIVE=dt != "fp32",
+                                    BLOCK_M=block_m))
+
+    flags = [(b, r, s) for b in (False, True) for r in (False, True) for s in (False, True)]
+    # on the bf16 path every epilogue at 16 rows and the lightest and heaviest at 32 and 64; the fp32 path (IEEE dot)
+    # likewise at 16 rows (the whole grid of flags x tiles x configs took twice as long to compile, for no new path)
+    cases = [case("bf16", 16, *f, 0) for f in flags] + [case("fp32", 16, *f, 0) for f in (flags[0], flags[-1])]
+    cases += [case("bf16", m, *f, 0) for m in (32, 64) for f in (flags[0], flags[-1])]
+    # as the released shapes launch them: the o/down products (residual) and gate/up (silu_mul), every config at
+    # every row tile
+    return cases + [case("bf16", m, False, not s, s, i, aligned=True) for m in (16, 32, 64) for s in (False, True)
+                    for i in range(len(CONFIGS))]
+
+
 def cases() -> list[dict]:
     """Every (kernel, specialisation, config) to compile, as plain data the child process can rebuild."""
-    return _tap_project_cases() + _window_logits_stats_cases() + _commit_step_cases()
+    return (_tap_project_cases() + _window_logits_stats_cases() + _commit_step_cases() + _add_rms_norm_cases()
+            + _rope_qkv_cases() + _silu_mul_cases() + _linear_rows_cases())
 
 
 def _ptxas() -> str | None:
@@ -137,7 +229,7 @@ def compile_case(case: dict) -> dict:
     while not isinstance(fn, JITFunction):
         fn = fn.fn
     values = dict(case["constexprs"])
-    options = {}
+    options = dict(case.get("options") or {})
     if case.get("config") is not None:
         config = module.CONFIGS[case["config"]]
         values.update(config.kwargs)
@@ -147,7 +239,7 @@ def compile_case(case: dict) -> dict:
         return dict(error=f"no type or value given for {sorted(missing)}")
     signature = {name: case["types"].get(name, "constexpr") for name in fn.arg_names}
     attrs = {}
-    if case.get("aligned"):
+    if case.get("aligned") or case.get("vectorised"):
         attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
                  if case["types"].get(name, "").startswith("*") or name in ALIGNED[case["kernel"]]}
     src = ASTSource(fn=fn, signature=signature, constexprs={(fn.arg_names.index(k),): v for k, v in values.items()},
@@ -159,9 +251,22 @@ def compile_case(case: dict) -> dict:
     out = dict(ptx_target=f".target sm_{SM}" in compiled.asm["ptx"], cubin_bytes=len(compiled.asm["cubin"]),
                wgmma="warp_group_dot" in compiled.asm["ttgir"], shared=compiled.metadata.shared,
                async_copies=compiled.asm["ttgir"].count("async_copy_global_to_local"))
-    if case.get("aligned"):
+    if case.get("aligned") or case.get("vectorised"):
         out.update(_registers(compiled.asm["ptx"]))
+    if case.get("vectorised"):
+        out.update(_elementwise(compiled.asm["ptx"]))
     return out
+
+
+def _elementwise(ptx: str) -> dict:
+    """16-byte global loads, fp32 multiplies, and FMAs that add something other than +0 (a multiply contracted into
+    an add) in a kernel's PTX."""
+    import re
+
+    fmas = re.findall(r"\bfma\.rn\.f32\s+[^;]*?,\s*([^,;]+);", ptx)
+    return dict(vector_loads=len(re.findall(r"\bld\.global(?:\.[\w:]+)*\.v4\.b32", ptx)),
+                f32_muls=len(re.findall(r"\bmul(?:\.rn)?\.f32\b", ptx)),
+                contracted_fmas=sum(addend.strip() != "0f00000000" for addend in fmas))
 
 
 def _registers(ptx: str) -> dict:
@@ -218,6 +323,32 @@ def test_aligned_loads_are_pipelined(compiled, case):
 def test_lowp_dots_use_wgmma(compiled, case_id):
     # 16-bit tiles with at least 64 rows go to Hopper's warp-group MMA with the default config
     assert compiled[case_id]["wgmma"]
+
+
+def test_linear_rows_swap_ab_uses_wgmma_at_16_rows(compiled):
+    # SWAP_AB makes the weight tile the MMA's 64-row operand, so Hopper's warp-group MMA runs at any M; without it
+    # the 16-row x tile takes the older mma.sync path
+    from tracelock.kernels.linear_rows import CONFIGS
+
+    for i, config in enumerate(CONFIGS):
+        got = compiled[f"linear_rows-bf16-M16-res-cfg{i}-aligned"]
+        assert got["wgmma"] == config.kwargs["SWAP_AB"], (i, got)
+
+
+@pytest.mark.parametrize("case", [c for c in cases() if c.get("vectorised")], ids=lambda c: c["id"])
+def test_elementwise_loads_are_vectorised(compiled, case):
+    # at the released shapes the elementwise kernels load their rows 16 bytes at a time, without register spills
+    got = compiled[case["id"]]
+    assert got["vector_loads"] > 0, got
+    assert got["registers"] and got["registers"] <= 255 and got["spill_stores"] == 0, got
+
+
+@pytest.mark.parametrize("case", [c for c in cases() if c.get("vectorised") and c["module"] == "rope_qkv"],
+                         ids=lambda c: c["id"])
+def test_rope_products_are_rounded_one_by_one(compiled, case):
+    # the spec rounds each product before the sum; a contracted multiply-add would round once (mul_rn prevents it)
+    got = compiled[case["id"]]
+    assert got["f32_muls"] == 0 and got["contracted_fmas"] == 0, got
 
 
 if __name__ == "__main__":

@@ -100,6 +100,10 @@ IMPLEMENTATIONS = {
     "window_logits_stats": ("triton", "torch"),
     "tap_project": ("triton", "torch"),
     "commit_step": ("triton", "torch"),
+    "add_rms_norm": ("triton", "torch"),
+    "rope_qkv": ("triton", "torch"),
+    "silu_mul": ("triton", "torch"),
+    "linear_rows": ("triton", "torch"),
 }
 # what a family of `fused_generate(impl=...)` runs for an op that lacks that member: its nearest one (the kernels
 # have no C++ version, the bookkeeping no Triton one, the block advance no CUDA one)
@@ -165,6 +169,10 @@ class OpSet:
     window_logits_stats: Callable
     tap_project: Callable
     commit_step: Callable
+    add_rms_norm: Callable
+    rope_qkv: Callable
+    silu_mul: Callable
+    linear_rows: Callable
     impls: dict
 
 
@@ -188,6 +196,74 @@ def op_set(impl: str | None, device, *, graph: bool = False, inductor: bool = Fa
             impls[op] = chosen or _pick_impl(op, None, device)
             fns[op] = partial(globals()[op], impl=chosen)
     return OpSet(**fns, impls=impls)
+
+
+# what a backbone forward can run per layer (`backbone_kernels`); "kernels" is the default
+BACKBONES = ("kernels", "specs", "kernels+matmul")
+# the Triton products stream their weight for a few rows (a decode step); a refresh's thousands of rows take cuBLAS
+MATMUL_ROWS = 64
+
+
+class BackboneKernels:
+    """The per-layer ops a backbone forward runs (`tracelock.models.backbone.Kernels` is their spec): add_rms_norm,
+    rope_qkv, silu_mul, linear (``x @ weight.T + bias``, with ``epilogues`` also its residual and SiLU x mul);
+    ``impls`` says which implementation each is."""
+
+    def __init__(self, fns: dict, epilogues: bool, impls: dict):
+        self.add_rms_norm, self.rope_qkv, self.silu_mul = fns["add_rms_norm"], fns["rope_qkv"], fns["silu_mul"]
+        self.linear, self.epilogues, self.impls = fns["linear"], epilogues, impls
+
+
+def _cublas_linear(x, weight, bias=None, residual=None, activation=None):
+    """nn.Linear's product (cuBLAS on CUDA); it takes no epilogue (``BackboneKernels.epilogues`` is False)."""
+    if residual is not None or activation is not None:
+        raise ValueError("the cuBLAS product runs no epilogue: hand the residual / SiLU x mul to the next op")
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+def _epilogue_in_dtype(x, weight, bias=None, residual=None, activation=None):
+    """linear_rows' result by separate ops in the model's dtype (cuBLAS, then the SiLU x mul and the residual add):
+    what a refresh's many rows take instead of the weight-streaming kernel."""
+    y = torch.nn.functional.linear(x, weight, bias)
+    if activation == "silu_mul":
+        g, u = y.chunk(2, dim=-1)
+        y = torch.nn.functional.silu(g) * u
+    return y if residual is None else y + residual
+
+
+def _rows_linear(fn):
+    """``fn`` (linear_rows) on [..., K] inputs: leading dimensions flattened into rows; more than `MATMUL_ROWS` rows
+    (a refresh) take `_epilogue_in_dtype` instead."""
+
+    def linear(x, weight, bias=None, residual=None, activation=None):
+        lead, K = x.shape[:-1], x.shape[-1]
+        rows = x.reshape(-1, K)
+        if rows.shape[0] > MATMUL_ROWS:
+            return _epilogue_in_dtype(x, weight, bias, residual, activation)
+        res = None if residual is None else residual.reshape(rows.shape[0], -1)
+        return fn(rows, weight, bias, res, activation).view(*lead, -1)
+
+    return linear
+
+
+def backbone_kernels(device, backbone: str = "kernels", *, graph: bool = False, impl: str | None = None):
+    """The per-layer ops of a backbone forward on ``device`` (`BackboneKernels`): "kernels", each op's default
+    without the CPU interpreter (the Triton kernels on CUDA, the specs on a CPU) and cuBLAS's products; "specs", the
+    plain-PyTorch specs (inductor fuses them in a compiled step); "kernels+matmul", also the Triton weight-streaming
+    products with their epilogues (`linear_rows`). The eager loop (``graph=False``) gets checked dispatchers, with
+    ``impl`` (or ``TRACELOCK_IMPL``) obeyed where given; a graph gets the implementations themselves."""
+    if backbone not in BACKBONES:
+        raise ValueError(f"backbone={backbone!r} must be one of {', '.join(BACKBONES)}")
+    device = torch.device(device)
+    ops = ["add_rms_norm", "rope_qkv", "silu_mul"] + (["linear_rows"] if backbone == "kernels+matmul" else [])
+    fns, impls = {}, {}
+    for op in ops:
+        chosen = None if graph or backbone == "specs" else family_impl(op, impl)
+        impls[op] = "torch" if backbone == "specs" else chosen or _pick_impl(op, None, device, graph=True)
+        fns[op] = _raw(op, impls[op]) if graph else partial(globals()[op], impl=impls[op])
+    epilogues = backbone == "kernels+matmul"
+    fns["linear"] = _rows_linear(fns["linear_rows"]) if epilogues else _cublas_linear
+    return BackboneKernels(fns, epilogues, impls)
 
 
 def _check_tensor(name: str, t, dtype: torch.dtype, shape: tuple | None = None, device=None) -> None:
@@ -280,8 +356,8 @@ def skip_finished_blocks(state, block_idx, region_step, region_initial, steps, r
 def _check_arg(name: str, t, dtypes: tuple, shape: tuple | None = None, like: tuple | None = None,
                strided_rows: bool = False) -> None:
     """Check one argument of the kernel ops: type, dtype, then ``shape`` and the device of ``like`` (a pair
-    ``(name, tensor)`` of the argument that sets the device) when given. ``strided_rows`` accepts a 2-D tensor
-    whose rows are strided (a view into a wider buffer) as long as each row is contiguous."""
+    ``(name, tensor)`` of the argument that sets the device) when given. ``strided_rows`` accepts a tensor whose
+    rows (last dimension) are strided (a view into a wider buffer, a broadcast) as long as each row is contiguous."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
@@ -290,7 +366,7 @@ def _check_arg(name: str, t, dtypes: tuple, shape: tuple | None = None, like: tu
         raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
     if like is not None and t.device != like[1].device:
         raise ValueError(f"{name} must be on {like[1].device} like {like[0]}, got {t.device}")
-    if strided_rows and t.dim() == 2 and (t.stride(1) == 1 or t.shape[1] <= 1):
+    if strided_rows and t.dim() >= 1 and (t.stride(-1) == 1 or t.shape[-1] <= 1):
         return
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (call .contiguous())")
@@ -356,6 +432,179 @@ def window_logits_stats(hidden: torch.Tensor, weight: torch.Tensor, eos_id: int 
     if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int) or not 0 <= eos_id < V):
         raise ValueError(f"eos_id must be None or an int in [0, {V}) (the vocabulary), got {eos_id!r}")
     return _raw("window_logits_stats", _pick_impl("window_logits_stats", impl, hidden.device))(hidden, weight, eos_id)
+
+
+# the Triton add_rms_norm holds a row in registers (one program per row)
+MAX_NORM_WIDTH = 65536
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, *,
+                 impl: str | None = None) -> tuple:
+    """The residual add and the RMSNorm after it in one pass (spec: ``add_rms_norm_ref``; the backbone's
+    ``RMSNorm`` of ``x + residual``): ``summed = x + residual`` in x's dtype, ``normed = weight * (s * rsqrt(mean(s²)
+    + eps)).to(x.dtype)`` with ``s = summed`` upcast to fp32 for the statistics.
+
+    Args:
+        x (torch.Tensor): [M, D] rows, fp32, fp16 or bf16; rows may be strided (each row contiguous).
+        residual (torch.Tensor, optional): [M, D] in x's dtype, rows likewise; None: ``summed`` is ``x`` itself.
+        weight (torch.Tensor): [D] the norm's scale, the model's dtype (any float dtype: torch's promotion).
+        eps (float): added to the mean square, >= 0.
+        impl (str, optional): "torch" or "triton". Default: ``TRACELOCK_IMPL``, else the fastest available.
+
+    Returns:
+        (normed [M, D] in x's dtype (promoted with weight's), summed [M, D] in x's dtype).
+    """
+    _check_arg("x", x, _FLOATS, strided_rows=True)
+    _check_dims("x", x, "[M, D]")
+    M, D = x.shape
+    if D == 0:
+        raise ValueError(f"x must be [M, D] with D >= 1 columns to normalise, got shape {list(x.shape)}")
+    like = ("x", x)
+    if residual is not None:
+        _check_arg("residual", residual, (x.dtype,), (M, D), like, strided_rows=True)
+    _check_arg("weight", weight, _FLOATS, (D,), like)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < float("inf"):
+        raise ValueError(f"eps must be a finite number >= 0 (the norm's epsilon, e.g. 1e-5), got {eps!r}")
+    chosen = _pick_impl("add_rms_norm", impl, x.device)
+    if chosen == "triton" and D > MAX_NORM_WIDTH:
+        raise ValueError(f"x has D = {D} columns; the Triton add_rms_norm holds a row in registers, at most "
+                         f"{MAX_NORM_WIDTH}: use impl='torch'")
+    return _raw("add_rms_norm", chosen)(x, residual, weight, float(eps))
+
+
+def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv: int, head_dim: int,
+             rope_fp32: bool, k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
+             index: torch.Tensor | None = None, *, impl: str | None = None) -> tuple:
+    """Split the fused q/k/v projection's output into heads and apply RoPE to q and k in one pass (spec:
+    ``rope_qkv_ref``; the backbone's ``apply_rope``), writing k and v straight into a KV cache when one is given.
+
+    Args:
+        qkv (torch.Tensor): [B, Q, (n_heads + 2·n_kv)·head_dim], fp32, fp16 or bf16: q's heads, then k's, then v's;
+            any strides but a contiguous last dimension.
+        cos, sin (torch.Tensor): [B, Q, head_dim] fp32 (``models.backbone.rope_cos_sin``), last dimension contiguous.
+        n_heads, n_kv, head_dim (int): query heads, key/value heads, head width (even).
+        rope_fp32 (bool): rotate in fp32 (LLaDA) or in the dtype, cos and sin cast to it (Dream).
+        k_cache, v_cache (torch.Tensor, optional): [B, n_kv, Lc, head_dim] in qkv's dtype, last dimension contiguous:
+            the rotated k and v are written in place at ``index`` and the caches are returned. Give the three together
+            or none.
+        index (torch.Tensor, optional): [B, Q] int64 cache positions of the rows, in [0, Lc) (checked on a CPU,
+            outside a compiled graph; on a GPU the kernel drops a write outside); a row may repeat a position only
+            with equal values (padding).
+        impl (str, optional): "torch" or "triton". Default: ``TRACELOCK_IMPL``, else the fastest available.
+
+    Returns:
+        (q [B, n_heads, Q, head_dim] contiguous, k and v [B, n_kv, Q, head_dim] contiguous or the caches), qkv's dtype.
+    """
+    _check_arg("qkv", qkv, _FLOATS, strided_rows=True)
+    _check_dims("qkv", qkv, "[B, Q, (n_heads + 2 n_kv) head_dim]")
+    for name, value in (("n_heads", n_heads), ("n_kv", n_kv), ("head_dim", head_dim)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even (RoPE rotates the two halves of a head), got {head_dim}")
+    B, Q, N = qkv.shape
+    if N != (n_heads + 2 * n_kv) * head_dim:
+        raise ValueError(f"qkv must have (n_heads + 2 n_kv) head_dim = ({n_heads} + 2·{n_kv})·{head_dim} = "
+                         f"{(n_heads + 2 * n_kv) * head_dim} columns (the fused q/k/v projection), got {N}")
+    like = ("qkv", qkv)
+    _check_arg("cos", cos, (torch.float32,), (B, Q, head_dim), like, strided_rows=True)
+    _check_arg("sin", sin, (torch.float32,), (B, Q, head_dim), like, strided_rows=True)
+    if not isinstance(rope_fp32, bool):
+        raise TypeError(f"rope_fp32 must be a bool, got {rope_fp32!r}")
+    given = [name for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("index", index)) if t is not None]
+    if given and len(given) < 3:
+        raise ValueError(f"k_cache, v_cache and index go together (a cached step writes its keys and values at "
+                         f"index); got only {', '.join(given)}")
+    if given:
+        _check_arg("k_cache", k_cache, (qkv.dtype,), like=like, strided_rows=True)
+        if k_cache.dim() != 4 or tuple(k_cache.shape[:2]) != (B, n_kv) or k_cache.shape[3] != head_dim or \
+                k_cache.shape[2] == 0:
+            raise ValueError(f"k_cache must be [B, n_kv, Lc, head_dim] = [{B}, {n_kv}, Lc >= 1, {head_dim}], got "
+                             f"shape {list(k_cache.shape)}")
+        _check_arg("v_cache", v_cache, (qkv.dtype,), tuple(k_cache.shape), like, strided_rows=True)
+        _check_arg("index", index, (torch.int64,), (B, Q), like, strided_rows=True)
+        _check_index_range(index, k_cache.shape[2])
+    return _raw("rope_qkv", _pick_impl("rope_qkv", impl, qkv.device))(qkv, cos, sin, n_heads, n_kv, head_dim,
+                                                                       rope_fp32, k_cache, v_cache, index)
+
+
+def _check_index_range(index: torch.Tensor, Lc: int) -> None:
+    """Cache positions outside [0, Lc) are an error, checked on a CPU only (on a GPU it would cost a host sync per
+    layer) and not inside a compiled graph (which cannot read the tensor)."""
+    if index.is_cuda or torch.compiler.is_compiling() or index.numel() == 0:
+        return
+    if bool(((index < 0) | (index >= Lc)).any()):
+        bad = index[(index < 0) | (index >= Lc)][0].item()
+        raise ValueError(f"index holds cache position {bad}, outside [0, {Lc}) (the caches' length): the rows' "
+                         "canvas positions must lie in the cache")
+
+
+def silu_mul(gate_up: torch.Tensor, *, impl: str | None = None) -> torch.Tensor:
+    """SwiGLU's elementwise half in one pass (spec: ``silu_mul_ref``): ``silu(gate) * up`` in the dtype, from the
+    fused gate/up projection's output, gate columns first.
+
+    Args:
+        gate_up (torch.Tensor): [M, 2F], fp32, fp16 or bf16; rows may be strided (each row contiguous).
+        impl (str, optional): "torch" or "triton". Default: ``TRACELOCK_IMPL``, else the fastest available.
+
+    Returns:
+        out (torch.Tensor): [M, F] contiguous, gate_up's dtype.
+    """
+    _check_arg("gate_up", gate_up, _FLOATS, strided_rows=True)
+    _check_dims("gate_up", gate_up, "[M, 2F]")
+    if gate_up.shape[1] % 2:
+        raise ValueError(f"gate_up must be [M, 2F] (gate columns, then as many up columns), got an odd width "
+                         f"{gate_up.shape[1]}")
+    return _raw("silu_mul", _pick_impl("silu_mul", impl, gate_up.device))(gate_up)
+
+
+ACTIVATIONS = (None, "silu_mul")
+
+
+def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                residual: torch.Tensor | None = None, activation: str | None = None, *,
+                impl: str | None = None) -> torch.Tensor:
+    """A decode step's matrix product at a few rows with its epilogue fused (spec: ``linear_rows_ref``):
+    ``y = x @ weight.T + bias``, then ``silu(y[:, :F]) * y[:, F:]`` with ``activation="silu_mul"`` (the fused
+    gate/up weight, gate rows first), then ``+ residual``; fp32 accumulation and epilogue, one rounding to x's dtype.
+    The Triton path streams the weight once per call in one launch, its K split across a grid of a multiple of the
+    SM count (kernels/README.md, "linear_rows").
+
+    Args:
+        x (torch.Tensor): [M, K] rows (M = batch x query rows), fp32, fp16 or bf16; rows may be strided (each row
+            contiguous).
+        weight (torch.Tensor): [N, K] contiguous in x's dtype (nn.Linear's layout); [2F, K] with ``"silu_mul"``.
+        bias (torch.Tensor, optional): [N] any float dtype, added before the activation. Default: None.
+        residual (torch.Tensor, optional): [M, N] ([M, F] with ``"silu_mul"``), any float dtype, rows may be strided;
+            added last. Default: None.
+        activation (str, optional): None or ``"silu_mul"``. Default: None.
+        impl (str, optional): "torch" or "triton". Default: ``TRACELOCK_IMPL``, else the fastest available.
+
+    Returns:
+        out (torch.Tensor): [M, N] ([M, F] with ``"silu_mul"``) contiguous, x's dtype.
+    """
+    _check_arg("x", x, _FLOATS, strided_rows=True)
+    _check_dims("x", x, "[M, K]")
+    M, K = x.shape
+    like = ("x", x)
+    _check_arg("weight", weight, _FLOATS, like=like)
+    if weight.dtype != x.dtype:
+        raise TypeError(f"weight must be {str(x.dtype).removeprefix('torch.')} like x, got "
+                        f"{str(weight.dtype).removeprefix('torch.')} (cast one with .to())")
+    if weight.dim() != 2 or weight.shape[1] != K or weight.shape[0] == 0:
+        raise ValueError(f"weight must be [N, K] with N >= 1 and K = {K} (x's width), got shape {list(weight.shape)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    N = weight.shape[0]
+    if activation == "silu_mul" and N % 2:
+        raise ValueError(f"activation='silu_mul' needs the fused gate/up weight [2F, K] (gate rows, then as many up "
+                         f"rows), got an odd N = {N}")
+    if bias is not None:
+        _check_arg("bias", bias, _FLOATS, (N,), like)
+    if residual is not None:
+        _check_arg("residual", residual, _FLOATS, (M, N // 2 if activation == "silu_mul" else N), like,
+                   strided_rows=True)
+    return _raw("linear_rows", _pick_impl("linear_rows", impl, x.device))(x, weight, bias, residual, activation)
 
 
 def commit_step(
