@@ -93,7 +93,7 @@ def _shared_state(model) -> dict:
     """{official checkpoint key: tracelock's parameter tensor} of ``model``."""
     from tracelock.models.keys import official_keys
 
-    params = dict(model.named_parameters())
+    params = model.released_weights()  # q/k/v and gate/up as views of tracelock's fused products: no copy
     return {official: params[ours] for official, ours in official_keys(model.spec).items()}
 
 

@@ -57,11 +57,16 @@ def test_stale_keys_are_read_and_recomputing_every_row_refreshes_them(model):
     y[:, 12:14] = 77  # two window positions committed since the refresh
     window = _rows(B, 12, 16)
     fresh = model(y, mask, logit_positions=window).logits
-    every_row = model(y, mask, kv_cache=cache, query_positions=_rows(B, 0, L), logit_positions=window).logits
-    torch.testing.assert_close(every_row, fresh, rtol=1e-5, atol=1e-5)
     # dual-style: the prompt's keys and values still come from the old canvas, so the logits move
     stale = model(y, mask, kv_cache=cache, query_positions=window, logit_positions=window).logits
     assert (stale - fresh).abs().max() > 1e-4
+    every_row = model(y, mask, kv_cache=cache, query_positions=_rows(B, 0, L), logit_positions=window).logits
+    torch.testing.assert_close(every_row, fresh, rtol=1e-5, atol=1e-5)
+    # a cached step writes its rows' fresh keys and values into the cache in place: recomputing every row left the
+    # cache of the new canvas
+    refreshed = model(y, mask, store_kv=True).kv_cache
+    for got, want in zip(cache.keys + cache.values, refreshed.keys + refreshed.values):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_select_and_write_move_rows_between_caches(model):

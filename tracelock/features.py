@@ -45,7 +45,10 @@ WEIGHT_SAMPLE, WEIGHTS_TOLERANCE = 64, 0.02
 def weights_sample(model, k: int = WEIGHT_SAMPLE) -> list:
     """``k`` weights at fixed places of the backbone's matrices (norm weights start equal in every model, so they
     are left out), rounded to 5 significant digits so the list survives a JSON round trip unchanged."""
-    mats = [p for _, p in sorted(model.named_parameters(), key=lambda kv: kv[0]) if p.dim() >= 2]
+    # the released layout's matrices (q/k/v and gate/up apart, as the checkpoints hold them), so a sample does not
+    # depend on how the backbone fuses its products
+    weights = model.released_weights() if hasattr(model, "released_weights") else dict(model.named_parameters())
+    mats = [p for _, p in sorted(weights.items(), key=lambda kv: kv[0]) if p.dim() >= 2]
     picks = []
     for i in range(k):
         flat = mats[i % len(mats)].detach().reshape(-1)

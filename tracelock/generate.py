@@ -93,4 +93,4 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
                       cache=cache, refresh_every=refresh_every, refresh_shift=refresh_shift,
                       apply_commits=bound.apply_commits, skip_finished_blocks=bound.skip_finished_blocks,
                       window_logits_stats=bound.window_logits_stats, tap_project=bound.tap_project,
-                      commit_step=bound.commit_step)
+                      commit_step=bound.commit_step, kernels=ops.backbone_kernels(device, impl=impl))

@@ -114,6 +114,11 @@ class DecodeEngine:
             functions as CUDA graphs, no compile time. Sampling and stochastic policies cannot (their draws come from
             a ``torch.Generator``): they warn and run uncompiled. Default: False.
         backend (str | callable, optional): the torch.compile backend with ``compile=True``. Default: inductor.
+        backbone (str): the backbone's per-layer ops (`tracelock.ops.backbone_kernels`): "kernels", each op's
+            default (the Triton kernels on CUDA: fused residual add + RMSNorm, rotary with the K/V write, SiLU x mul;
+            their specs on a CPU), with cuBLAS's matrix products; "specs", the plain-PyTorch specs (a compiled step
+            lets inductor fuse them itself); "kernels+matmul", the Triton kernels and the Triton weight-streaming
+            products (`ops.linear_rows`). Default: "kernels".
         Everything else is `fused_generate`'s, fixed for every slot of the engine (``cfg_scale`` is not supported;
         ``observer`` neither: use `fused_generate`).
 
@@ -129,7 +134,7 @@ class DecodeEngine:
 
     def __init__(self, model, *, policy, gen_length, slots=1, prompt_len=64, block=None, window=None,
                  policy_args=None, stop_at_eot=False, idle_steps=False, cache=None, refresh_every=None,
-                 refresh_shift=None, temperature=0.0, seed=0, compile=False, backend=None):
+                 refresh_shift=None, temperature=0.0, seed=0, compile=False, backend=None, backbone="kernels"):
         verbs.check_options(model, temperature, 0.0)
         if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots < 1 << _BITS:
             raise ValueError(f"slots={slots!r} must be an int in [1, {(1 << _BITS) - 1}] (the batch rows)")
@@ -137,6 +142,7 @@ class DecodeEngine:
         # (Triton and the CUDA commits on CUDA, the C++ ops or the torch specs on CPU; no host sync), the torch
         # bookkeeping under inductor
         self.ops = ops.op_set(None, model.device, graph=True, inductor=compile is True)
+        self.kernels = ops.backbone_kernels(model.device, backbone, graph=True)
         schedule, self.policy, refresh_shift = verbs.setup_run(
             policy, policy_args, gen_length=gen_length, block=block, window=window, idle_steps=idle_steps,
             cache=cache, refresh_every=refresh_every, refresh_shift=refresh_shift, cfg_scale=0.0,
@@ -226,7 +232,8 @@ class DecodeEngine:
             self.taps = tuple(torch.zeros((N + 1, L, X), dtype=dtype, device=dev) for _ in range(count))
         if self.cache is not None:
             self.pointer, self.since, self.refreshes = (torch.zeros(N, **long) for _ in range(3))
-            shape = (N + 1, spec.num_kv_heads, L, spec.head_dim)
+            # one spare position (L) past the canvas: a cached forward's padding rows write their keys/values there
+            shape = (N + 1, spec.num_kv_heads, L + 1, spec.head_dim)
             self.kv = KVCache([torch.zeros(shape, dtype=self.model.dtype, device=dev) for _ in range(spec.num_layers)],
                               [torch.zeros(shape, dtype=self.model.dtype, device=dev) for _ in range(spec.num_layers)])
             self.stored_taps = None if self.taps is None else tuple(torch.zeros_like(t) for t in self.taps)
@@ -488,7 +495,7 @@ class DecodeEngine:
     def _forward(self, rows, query, tap_positions, **cache_args):
         return verbs.forward_rows(self.model, self._canvas(rows), slice(None), query, tap_positions, 0.0,
                                   window_logits_stats=self.window_logits_stats, tap_project=self.tap_project,
-                                  **cache_args)
+                                  kernels=self.kernels, **cache_args)
 
     def _forward_plain(self, k: int):
         live, _, _ = self._parts()
@@ -501,7 +508,7 @@ class DecodeEngine:
         rows, _, target = self._rows(k, need)
         head, taps, kv = self._forward(rows, self._region(rows).query(), self._tap_positions(k), store_kv=True)
         for mine, theirs in zip(self.kv.keys + self.kv.values, kv.keys + kv.values):
-            mine.index_copy_(0, target, theirs)
+            mine[:, :, :self.length].index_copy_(0, target, theirs)
         if taps is not None:
             for mine, theirs in zip(self.stored_taps, taps):
                 mine.index_copy_(0, target, theirs.to(mine.dtype))
@@ -527,7 +534,9 @@ class DecodeEngine:
             kv = KVCache([t[:k] for t in self.kv.keys], [t[:k] for t in self.kv.values])
         else:
             kv = self.kv.select(rows)
-        head, taps, _ = self._forward(rows, query, fresh, kv_cache=kv, query_positions=recompute,
+        # the fresh keys/values go into the cache in place; padding rows write theirs to the spare position L
+        write = torch.where(cached[rows][:, None], recompute, L)
+        head, taps, _ = self._forward(rows, query, fresh, kv_cache=kv, query_positions=recompute, kv_positions=write,
                                       check_query=False)  # the positions lie in the query by construction
         if taps is not None:
             index = fresh[..., None]

@@ -49,7 +49,7 @@ def _recorder(observer, rows, steps, x, state, inp):
 def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
                attention_mask=None, temperature=0.0, cfg_scale=0.0, stop_at_eot=False, idle_steps=False, seed=0,
                cache=None, refresh_every=None, refresh_shift=None, apply_commits, skip_finished_blocks,
-               window_logits_stats=None, tap_project=None, commit_step=None, observer=None):
+               window_logits_stats=None, tap_project=None, commit_step=None, kernels=None, observer=None):
     """The loop behind `fused_generate` and `reference_generate` (see there); ``observer``, when given, is
     called with a `StepRecord` at every step (trace recording). ``apply_commits`` and ``skip_finished_blocks`` are
     the per-step bookkeeping ops (`tracelock.ops` or their specs). ``window_logits_stats`` (fused only) scores
@@ -57,7 +57,8 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
     through the logits. ``tap_project`` (fused only, with ``window_logits_stats``) folds the taps inside those
     forwards for a policy whose `Policy.tap_fold` is not None. ``commit_step`` (fused only) closes the steps of
     policies with a ``commit_rule`` (not with an observer, which needs the chosen slots: `select` decides those
-    steps by the same rule's spec).
+    steps by the same rule's spec). ``kernels`` (fused only): the backbone's per-layer ops
+    (`tracelock.ops.backbone_kernels`); None runs their specs.
     ``cache`` / ``refresh_every`` / ``refresh_shift``: the approximate KV cache (`tracelock.decode.kv_cache`)."""
     verbs.check_options(model, temperature, cfg_scale)
     schedule, policy, refresh_shift = verbs.setup_run(
@@ -79,7 +80,7 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
                                                          tap_project=tap_project, temperature=temperature,
                                                          cfg_scale=cfg_scale)
     forward = partial(verbs.forward_rows, model, canvas, cfg_scale=cfg_scale, window_logits_stats=window_logits_stats,
-                      tap_project=tap_project)
+                      tap_project=tap_project, kernels=kernels)
     kv = None if cache is None else DecodeKVCache(cache, schedule.kind, refresh_every, refresh_shift, B=B, L=L,
                                                    shift=spec.logit_shift, needs_taps=policy.needs_taps, device=device)
     commit_step = None if observer is not None else commit_step

@@ -142,29 +142,29 @@ def commit_region(schedule: Schedule, block_idx, first_active, length: int, look
 
 
 def forward_rows(model, canvas: Canvas, rows, positions, tap_positions, cfg_scale, window_logits_stats=None,
-                 tap_project=None, **cache_args):
+                 tap_project=None, kernels=None, **cache_args):
     """One forward of the given rows: (head, taps, kv_cache).
 
     ``head`` is the logits [b, R, V] that predict canvas ``positions`` [b, R] (CFG applied), or with
     ``window_logits_stats`` (the LM head and its softmax statistics in one op; greedy without CFG only) its [b, R]
     statistics, so no logits are written. ``taps`` are the three taps at ``tap_positions`` [b, T] (None: no taps), or
     with ``tap_project`` (bound to the policy's fold, see `forward_ops`) a 1-tuple of the controller inputs folded
-    from them. ``cache_args`` (store_kv, kv_cache, query_positions) go to the backbone; ``kv_cache`` is its stored
-    cache (a refresh) or None.
+    from them. ``kernels`` are the backbone's per-layer ops (None: their specs). ``cache_args`` (store_kv, kv_cache,
+    query_positions, kv_positions) go to the backbone; ``kv_cache`` is its stored cache (a refresh) or None.
     """
     x = canvas.x[rows]
     mask = None if canvas.attention_mask is None else canvas.attention_mask[rows]
     taps = tap_positions is not None
     if cfg_scale == 0:
         out = model.predict(x, positions, mask, return_taps=taps, tap_positions=tap_positions,
-                            head_op=window_logits_stats, tap_op=tap_project, **cache_args)
+                            head_op=window_logits_stats, tap_op=tap_project, kernels=kernels, **cache_args)
         folded = None if out.tap_inputs is None else (out.tap_inputs,)
         head = out.logits if window_logits_stats is None else out.stats
         return head, out.taps if tap_project is None else folded, out.kv_cache
     # LLaDA's CFG: the unconditional input masks the whole prompt; both halves in one forward
     uncond = x.masked_fill(canvas.state[rows] == states.PROMPT, model.spec.mask_id)
     out = model.predict(torch.cat([x, uncond]), torch.cat([positions, positions]),
-                        None if mask is None else torch.cat([mask, mask]), return_taps=taps,
+                        None if mask is None else torch.cat([mask, mask]), return_taps=taps, kernels=kernels,
                         tap_positions=None if not taps else torch.cat([tap_positions, tap_positions]))
     cond, un = out.logits.chunk(2)
     # the controller reads the conditional pass's hidden states

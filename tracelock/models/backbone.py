@@ -35,7 +35,10 @@ class KVCache:
 
     Keys are stored after RoPE: a canvas position keeps its position for the whole decode, so the rotation done at
     the refresh is the one a later step would do (Fast-dLLM stores them before RoPE and rotates all of them again
-    on every call). Shapes: ``keys[i]``, ``values[i]`` [B, n_kv, L, head_dim].
+    on every call). A cached step writes the fresh keys and values of the rows it recomputes into the cache in place
+    (what it reads for them is its own anyway, and the decoders recompute a row until the next refresh once they
+    have recomputed it). Shapes: ``keys[i]``, ``values[i]`` [B, n_kv, L, head_dim] (an engine's hold one spare
+    position more).
     """
 
     keys: list
@@ -58,7 +61,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # upcast for the statistics, cast back, *then* scale in the input dtype (as LLaDA, Llama and Qwen2 do)
+        # upcast for the statistics, cast back, *then* scale in the input dtype (as LLaDA, Llama and Qwen2 do);
+        # `kernels.ref.add_rms_norm_ref` is the same with the residual add in front
         x32 = x.float()
         y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * y.to(x.dtype)
@@ -87,48 +91,85 @@ def apply_rope(t, cos, sin, fp32: bool):
     return t * cos + _rotate_half(t) * sin
 
 
+_SPECS = None
+
+
+def spec_kernels():
+    """The per-layer ops' plain-PyTorch specs (`tracelock.ops.backbone_kernels` "specs"): a forward's default, and
+    what `reference_generate` runs."""
+    global _SPECS
+    if _SPECS is None:
+        from tracelock import ops
+
+        _SPECS = ops.backbone_kernels("cpu", "specs", graph=True)
+    return _SPECS
+
+
 class Attention(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         d, hd = spec.hidden_size, spec.head_dim
         self.n_heads, self.n_kv, self.head_dim, self.rope_fp32 = spec.num_heads, spec.num_kv_heads, hd, spec.rope_fp32
-        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=spec.qkv_bias)
-        self.k_proj = nn.Linear(d, self.n_kv * hd, bias=spec.qkv_bias)
-        self.v_proj = nn.Linear(d, self.n_kv * hd, bias=spec.qkv_bias)
+        # q, k and v as one product; the released q_proj / k_proj / v_proj are its row blocks (`released_weights`)
+        self.qkv = nn.Linear(d, (self.n_heads + 2 * self.n_kv) * hd, bias=spec.qkv_bias)
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
 
-    def forward(self, x, cos, sin, attn_mask, causal=False, past=None, store=None):
-        """``store`` (a list) receives this layer's (keys, values); ``past`` = (keys, values, index): the cached
-        keys/values of every position, with this call's rows (canvas positions ``index`` [B, 1, Q, 1]) replacing
-        theirs, so the Q query rows attend to all L keys."""
-        B, L, _ = x.shape
-        q = self.q_proj(x).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin, self.rope_fp32), apply_rope(k, cos, sin, self.rope_fp32)
-        if store is not None:
-            store.append((k, v))
-        if past is not None:
-            k_all, v_all, index = past
-            index = index.expand(-1, self.n_kv, -1, self.head_dim)
-            k, v = k_all.scatter(2, index, k), v_all.scatter(2, index, v)
-        if self.n_kv != self.n_heads:
-            # GQA: query head j reads key/value head j // group
-            group = self.n_heads // self.n_kv
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal)
-        return self.o_proj(out.transpose(1, 2).reshape(B, L, -1))
+    def released_weights(self) -> dict:
+        """{released name: view}: q_proj, k_proj, v_proj (weight, and bias where the family has one) as views into
+        the fused product's rows, and o_proj."""
+        hd = self.head_dim
+        cuts = {"q_proj": (0, self.n_heads * hd), "k_proj": (self.n_heads * hd, (self.n_heads + self.n_kv) * hd),
+                "v_proj": ((self.n_heads + self.n_kv) * hd, (self.n_heads + 2 * self.n_kv) * hd)}
+        out = {}
+        for name, (a, b) in cuts.items():
+            out[f"{name}.weight"] = self.qkv.weight[a:b]
+            if self.qkv.bias is not None:
+                out[f"{name}.bias"] = self.qkv.bias[a:b]
+        out["o_proj.weight"] = self.o_proj.weight
+        return out
+
+    def forward(self, x, cos, sin, attn_mask, kernels, causal=False, past=None):
+        """(output before o_proj [B, Q, n_heads * hd], keys, values) of the layer's attention. ``past`` = (keys, values,
+        index, L): the cached
+        keys/values of every position [B, n_kv, Lc, hd] (Lc >= the canvas's L: an engine keeps a spare position
+        for its padding rows), into which this call's fresh keys/values are written in place at canvas positions
+        ``index`` [B, Q], so the Q query rows attend to the first L keys; then keys and values are None. Without
+        ``past``, this call's own keys and values [B, n_kv, Q, hd] (a refresh stores them)."""
+        B, Q, _ = x.shape
+        qkv = kernels.linear(x, self.qkv.weight, self.qkv.bias)
+        if past is None:
+            q, k, v = kernels.rope_qkv(qkv, cos, sin, self.n_heads, self.n_kv, self.head_dim, self.rope_fp32)
+            keys, values = k, v
+        else:
+            cache_k, cache_v, index, L = past
+            q, k, v = kernels.rope_qkv(qkv, cos, sin, self.n_heads, self.n_kv, self.head_dim, self.rope_fp32,
+                                       cache_k, cache_v, index)
+            k, v, keys, values = k[:, :, :L], v[:, :, :L], None, None
+        # grouped heads (Dream): query head j reads key/value head j // group, inside SDPA
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
+                                             enable_gqa=self.n_kv != self.n_heads)
+        return out.transpose(1, 2).reshape(B, Q, -1), keys, values
 
 
 class MLP(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.intermediate = spec.intermediate_size
+        # the gate and up projections as one product (gate rows first; the released names: `released_weights`)
+        self.gate_up = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=False)
         self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
 
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def released_weights(self) -> dict:
+        F_ = self.intermediate
+        return {"gate_proj.weight": self.gate_up.weight[:F_], "up_proj.weight": self.gate_up.weight[F_:],
+                "down_proj.weight": self.down_proj.weight}
+
+    def act(self, x, kernels):
+        """SiLU(gate) x up of ``x`` [B, Q, D]: [B, Q, F], the down projection's input."""
+        if kernels.epilogues:
+            return kernels.linear(x, self.gate_up.weight, activation="silu_mul")
+        gate_up = kernels.linear(x, self.gate_up.weight)
+        return kernels.silu_mul(gate_up.reshape(-1, gate_up.shape[-1])).view(*x.shape[:-1], -1)
 
 
 class Block(nn.Module):
@@ -139,14 +180,49 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MLP(spec)
 
-    def forward(self, x, cos, sin, attn_mask, causal=False, past=None, store=None):
-        h = x + self.attn(self.attn_norm(x), cos, sin, attn_mask, causal, past, store)
-        return h + self.mlp(self.mlp_norm(h))
+    # one layer's graph, compiled once and reused for every layer inside a compiled step (regional compilation;
+    # a no-op when not compiling). Its outputs never alias its inputs, and it appends to nothing, as such a region
+    # must not.
+    @torch.compiler.nested_compile_region
+    def forward(self, h, delta, cos, sin, attn_mask, kernels, causal=False, past=None, keep_kv=False):
+        """One layer on the residual stream ``h`` plus the previous layer's MLP output ``delta`` (None at the first
+        layer, and always with ``kernels.epilogues``, where the products add the residual themselves). Each residual
+        add runs fused with the norm after it, or in the product before it. Returns (h, delta) of this layer (its
+        output is ``h + delta``), and with ``keep_kv`` (a refresh, no ``past``) also the layer's keys and values."""
+        normed, h = _add_norm(kernels, h, delta, self.attn_norm)
+        a, keys, values = self.attn(normed, cos, sin, attn_mask, kernels, causal, past)
+        o_proj, down = self.attn.o_proj.weight, self.mlp.down_proj.weight
+        if kernels.epilogues:
+            h = kernels.linear(a, o_proj, residual=h)
+            normed, h = _add_norm(kernels, h, None, self.mlp_norm)
+            out = (kernels.linear(self.mlp.act(normed, kernels), down, residual=h), None)
+        else:
+            normed, h = _add_norm(kernels, h, kernels.linear(a, o_proj), self.mlp_norm)
+            out = (h, kernels.linear(self.mlp.act(normed, kernels), down))
+        return out + (keys, values) if keep_kv else out
+
+
+def _add_norm(kernels, h, delta, norm: RMSNorm) -> tuple:
+    """(norm(h + delta), h + delta) of [..., D] rows through the kernels' fused add + RMSNorm ([M, D] rows)."""
+    D = h.shape[-1]
+    normed, summed = kernels.add_rms_norm(h.reshape(-1, D), None if delta is None else delta.reshape(-1, D),
+                                          norm.weight, norm.eps)
+    return normed.view(h.shape), summed.view(h.shape)
+
+
+_FUSED_PARTS = tuple(f"{n}.{kind}" for n in ("q_proj", "k_proj", "v_proj") for kind in ("weight", "bias")) + (
+    "gate_proj.weight", "up_proj.weight")
+
+
+def _layer_output(h, delta, positions):
+    """A layer's output ``h + delta`` at ``positions`` [B, R] only (None: all rows)."""
+    rows = _gather_rows(h, positions)
+    return rows if delta is None else rows + _gather_rows(delta, positions)
 
 
 def _gather_rows(x, positions):
-    """x [B, L, D], positions [B, R] or None (all rows) -> [B, R, D]."""
-    if positions is None:
+    """x [B, L, D] (or None), positions [B, R] or None (all rows) -> [B, R, D]."""
+    if positions is None or x is None:
         return x
     return torch.gather(x, 1, positions[..., None].expand(-1, -1, x.shape[-1]))
 
@@ -183,6 +259,37 @@ class DiffusionBackbone(nn.Module):
     def device(self):
         return self.embed.weight.device
 
+    def released_weights(self) -> dict:
+        """{name: tensor} of every weight under the released layout's names (``blocks.0.attn.q_proj.weight``, ...,
+        in the order the released layout has them): the fused q/k/v and gate/up products appear as views of their
+        row blocks. What checkpoints load into (`load_released`), fingerprints sample and peers share."""
+        out = {"embed.weight": self.embed.weight}
+        for i, block in enumerate(self.blocks):
+            b = f"blocks.{i}."
+            out[b + "attn_norm.weight"] = block.attn_norm.weight
+            out.update({b + "attn." + k: v for k, v in block.attn.released_weights().items()})
+            out[b + "mlp_norm.weight"] = block.mlp_norm.weight
+            out.update({b + "mlp." + k: v for k, v in block.mlp.released_weights().items()})
+        out["norm.weight"] = self.norm.weight
+        out["lm_head.weight"] = self.lm_head.weight
+        return out
+
+    def load_released(self, state: dict) -> None:
+        """Load ``state`` keyed by `released_weights`'s names: q/k/v and gate/up are concatenated into the fused
+        products (assigned, so the tensors' device and dtype are kept)."""
+        missing = sorted(set(self.released_weights()) - set(state))
+        unexpected = sorted(set(state) - set(self.released_weights()))
+        if missing or unexpected:
+            raise KeyError(f"load_released: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        fused = {k: v for k, v in state.items() if not k.endswith(_FUSED_PARTS)}
+        for i in range(len(self.blocks)):
+            a, m = f"blocks.{i}.attn.", f"blocks.{i}.mlp."
+            fused[a + "qkv.weight"] = torch.cat([state.pop(a + f"{n}_proj.weight") for n in "qkv"])
+            if a + "q_proj.bias" in state:
+                fused[a + "qkv.bias"] = torch.cat([state.pop(a + f"{n}_proj.bias") for n in "qkv"])
+            fused[m + "gate_up.weight"] = torch.cat([state.pop(m + f"{n}_proj.weight") for n in ("gate", "up")])
+        self.load_state_dict(fused, strict=True, assign=True)
+
     @property
     def dtype(self):
         return self.embed.weight.dtype
@@ -196,7 +303,7 @@ class DiffusionBackbone(nn.Module):
 
     def predict(self, input_ids, positions, attention_mask=None, *, return_taps=False, tap_positions=None,
                 return_hidden=False, head_op=None, tap_op=None, store_kv=False, kv_cache=None, query_positions=None,
-                check_query=True):
+                kv_positions=None, check_query=True, kernels=None):
         """Logits that predict the tokens at canvas ``positions`` [B, R] (or, with ``return_hidden``, the LM
         head's input there instead, or with ``head_op`` its outputs there), and optionally taps (or with
         ``tap_op`` the controller inputs folded from them); see `forward`.
@@ -214,13 +321,14 @@ class DiffusionBackbone(nn.Module):
                            tap_positions=None if tap_positions is None else self.spec.output_rows(tap_positions,
                                                                                                   first),
                            head_op=head_op, tap_op=tap_op, store_kv=store_kv, kv_cache=kv_cache,
-                           query_positions=query_positions, check_query=check_query)
+                           query_positions=query_positions, kv_positions=kv_positions, check_query=check_query,
+                           kernels=kernels)
         return out
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, *, logit_positions=None,
                 return_logits=None, return_hidden=False, return_taps=False, tap_positions=None,
                 head_op=None, tap_op=None, causal=False, store_kv=False, kv_cache=None,
-                query_positions=None, check_query=True) -> BackboneOutput:
+                query_positions=None, kv_positions=None, check_query=True, kernels=None) -> BackboneOutput:
         """Run the backbone (every position, or with ``kv_cache`` only the ``query_positions`` rows).
 
         Args:
@@ -250,8 +358,13 @@ class DiffusionBackbone(nn.Module):
             store_kv (bool): also return every position's keys and values (`KVCache`): a cache refresh.
             kv_cache (KVCache, optional): recompute only the rows at ``query_positions`` [B, Q] (canvas positions;
                 a row may repeat its last position as padding): they attend to the cached keys/values of every
-                other position and to their own fresh ones. ``logit_positions`` and ``tap_positions`` must lie
-                among them. ``input_ids`` is still the whole canvas [B, L].
+                other position and to their own fresh ones, which are written into the cache in place.
+                ``logit_positions`` and ``tap_positions`` must lie among them. ``input_ids`` is still the whole
+                canvas [B, L]; the cache may hold more positions than L (only the first L are keys).
+            kv_positions (torch.Tensor, optional): with ``kv_cache``, where in the cache the fresh keys/values go
+                [B, Q]. Default: ``query_positions``; the engine sends its padding rows to a spare position.
+            kernels (optional): the per-layer ops (``add_rms_norm``, ``rope_qkv``, ``silu_mul``), e.g.
+                `tracelock.ops.backbone_kernels`. Default: their plain-PyTorch specs.
             check_query (bool): with ``kv_cache`` on a CPU, check that they do (one host read; a caller that
                 builds its positions inside the query, as the static-shape engine does, passes False). Never
                 checked on CUDA or inside a compiled graph.
@@ -286,9 +399,14 @@ class DiffusionBackbone(nn.Module):
                              f"(max positions in config.json); shorten the prompt or gen_length")
         if position_ids is None:
             position_ids = self.positions_for(attention_mask, B, L)
-        # key-padding mask only: pad keys are hidden from everyone; pad query rows are never read.
-        # Callers pass None when nothing is padded (checking here would cost a host sync).
-        attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        kernels = kernels or spec_kernels()
+        # key-padding mask only: pad keys are hidden from everyone; pad query rows are never read. Built once per
+        # forward as the additive mask SDPA uses (a boolean one is converted in every layer). Callers pass None when
+        # nothing is padded (checking here would cost a host sync).
+        attn_mask = None
+        if attention_mask is not None:
+            attn_mask = torch.zeros((B, 1, 1, L), dtype=self.dtype, device=input_ids.device).masked_fill_(
+                ~attention_mask.bool()[:, None, None, :], float("-inf"))
         past = index = None
         if kv_cache is not None:
             # only the query rows run; positions asked for are re-indexed into them
@@ -296,21 +414,26 @@ class DiffusionBackbone(nn.Module):
             tap_positions = (_rows_in(query_positions, tap_positions, L, "tap_positions", check_query) if return_taps
                              else None)
             input_ids, position_ids = input_ids.gather(1, query_positions), position_ids.gather(1, query_positions)
-            index = query_positions[:, None, :, None]
+            index = query_positions if kv_positions is None else kv_positions
         cos, sin = rope_cos_sin(position_ids, self.spec.head_dim, self.spec.rope_theta)
 
-        x = self.embed(input_ids)
+        h, delta = self.embed(input_ids), None
         n = len(self.blocks)
         taps, stored = [], [] if store_kv else None
         for i, block in enumerate(self.blocks):
             if kv_cache is not None:
-                past = (kv_cache.keys[i], kv_cache.values[i], index)
-            x = block(x, cos, sin, attn_mask, causal, past, stored)
+                past = (kv_cache.keys[i], kv_cache.values[i], index, L)
+            out = block(h, delta, cos, sin, attn_mask, kernels, causal, past, store_kv)
+            h, delta = out[:2]
+            if store_kv:
+                stored.append(out[2:])
             if return_taps and i in (n - 3, n - 2):
-                taps.append(_gather_rows(x, tap_positions))
+                # the layer's output h + delta, at the tap rows only
+                taps.append(_layer_output(h, delta, tap_positions))
         logits = hidden = stats = None
         if return_logits or return_hidden or head_op is not None:
-            normed = self.norm(_gather_rows(x, logit_positions))
+            normed, _ = _add_norm(kernels, _gather_rows(h, logit_positions), _gather_rows(delta, logit_positions),
+                                  self.norm)
             logits = self.lm_head(normed) if return_logits else None
             hidden = normed if return_hidden else None
             if head_op is not None:
@@ -319,7 +442,8 @@ class DiffusionBackbone(nn.Module):
                                                                self.spec.eos_id))
         tap_inputs = None
         if return_taps:
-            taps.append(self.norm(_gather_rows(x, tap_positions)))
+            taps.append(_add_norm(kernels, _gather_rows(h, tap_positions), _gather_rows(delta, tap_positions),
+                                  self.norm)[0])
             if tap_op is not None:
                 T, D = taps[0].shape[1:]
                 tap_inputs = tap_op(*(t.reshape(B * T, D) for t in taps)).reshape(B, T, -1)

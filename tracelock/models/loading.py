@@ -168,7 +168,7 @@ def load_model(path, *, dtype=torch.float32, device="cpu") -> DiffusionBackbone:
 
     with torch.device("meta"):
         model = DiffusionBackbone(spec)
-    shapes = {name: p.shape for name, p in model.named_parameters()}
+    shapes = {name: p.shape for name, p in model.released_weights().items()}
     state = {}
     by_file = {}
     for key, file in files.items():
@@ -182,7 +182,7 @@ def load_model(path, *, dtype=torch.float32, device="cpu") -> DiffusionBackbone:
                     raise CheckpointError(f"{file.name}: tensor {key!r} has shape {list(got)} but config.json "
                                           f"implies {list(shapes[name])}; the config and weights do not match")
                 state[name] = f.get_tensor(key).to(device=device, dtype=dtype)
-    model.load_state_dict(state, strict=True, assign=True)
+    model.load_released(state)
     model.eval().requires_grad_(False)
     return model
 

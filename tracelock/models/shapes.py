@@ -60,7 +60,7 @@ def random_weights(spec: ModelSpec, *, device="cpu", dtype=torch.bfloat16, seed:
         model = DiffusionBackbone(spec)
     gen = torch.Generator(device=device).manual_seed(seed)
     state = {}
-    for key, p in model.named_parameters():
+    for key, p in model.released_weights().items():
         x = torch.randn(p.shape, generator=gen, device=device, dtype=dtype)
         if "norm" in key:
             x = x.mul_(0.1).add_(1.0)
@@ -69,5 +69,5 @@ def random_weights(spec: ModelSpec, *, device="cpu", dtype=torch.bfloat16, seed:
         elif key != "embed.weight":
             x = x.mul_(1 / math.sqrt(p.shape[1]))
         state[key] = x
-    model.load_state_dict(state, strict=True, assign=True)
+    model.load_released(state)
     return model.eval().requires_grad_(False)

@@ -80,5 +80,5 @@ def export_weights(folder: Path, model) -> None:
     """Our parameters -> the family's official key names, bf16, like the released checkpoints."""
     ours_to_official = {v: k for k, v in official_keys(model.spec).items()}
     state = {ours_to_official[name]: p.detach().to(torch.bfloat16).contiguous().clone()
-             for name, p in model.state_dict().items()}
+             for name, p in model.released_weights().items()}
     save_weights(folder, state, shards=1)

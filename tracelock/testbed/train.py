@@ -308,7 +308,8 @@ def _build(cfg: TrainConfig, out: Path):
         model.load_state_dict(load_model(cfg.init).state_dict())
         return model, load_tokenizer(out)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        # the released layout's tensors (views of the fused products), so a seed draws what it always drew
+        for name, p in model.released_weights().items():
             if "norm" in name:
                 p.fill_(1.0)
             elif name.endswith(".bias"):  # Dream's q/k/v biases start at zero, as in Qwen2
