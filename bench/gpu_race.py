@@ -54,6 +54,38 @@ def our_settings(family: str, k: int, gen: int, block: int) -> dict:
     return dict(policy="confidence", policy_args=args, gen_length=gen, block=block, cache="dual")
 
 
+def engine_settings(settings: dict, backbone: str | None) -> dict:
+    """``settings`` for an engine cell: the eager loop has no backbone choice, the engine takes ``backbone``."""
+    return settings if backbone is None else dict(settings, backbone=backbone)
+
+
+def tokens_check(folder, model, config, shape: str | None, k: int, gen: int, block: int, prompt_len: int,
+                 device) -> dict:
+    """Before timing: Fast-dLLM's own code and tracelock's eager loop decode the same tokens at k per step, in fp32
+    (bf16 rounds differently in the two): on the shape's first two layers (``shape``; the race's bf16 model is not
+    used), or on ``model`` itself when ``shape`` is None (a dry run's fp32 micro checkpoint)."""
+    import tracelock
+    from tracelock.models.shapes import SHAPES, random_backbone
+    from tracelock.models.tiny import dream_config, llada_config
+
+    family = model.spec.family
+    if shape is not None:
+        _, sizes, vocab, max_pos, ids = SHAPES[shape]
+        model = random_backbone(shape, layers=2, device=device, dtype=torch.float32)
+        make = llada_config if family == "llada" else dream_config
+        config = make(sizes[0], sizes[1], sizes[2], 2, sizes[4], ids, vocab_rows=vocab, max_positions=max_pos)
+    fast = FastDLLM(folder, model, config)
+    prompt = gpu_decode.random_prompts(model, 1, prompt_len)[0]
+    ours, _ = tracelock.fused_generate(model, [prompt], **our_settings(family, k, gen, block))
+    canvas, _ = fast.run(prompt, gen=gen, block=block, steps=gen // k)
+    same = (canvas[0, -gen:].cpu() == ours[0, -gen:].cpu()).float().mean().item()
+    out = dict(layers=model.spec.num_layers, dtype=str(model.dtype), agreement=same, tokens_equal=same == 1.0)
+    if device.type == "cuda":
+        del model, fast
+        torch.cuda.empty_cache()
+    return out
+
+
 class FastDLLM:
     """Fast-dLLM's own code on the model's weights (``bench/peers.py``): ``run(prompt, steps)`` -> (canvas, NFE)."""
 
@@ -116,6 +148,8 @@ def main(argv=None):
     parser.add_argument("--peer-fastdllm", default=None, help="Fast-dLLM checkout (default: ../shared/peers/fast-dllm)")
     parser.add_argument("--inductor", action="store_true",
                         help="also torch.compile + CUDA graphs at B = 1 when the budget allows (default: off)")
+    parser.add_argument("--backbone", default=None, choices=["kernels", "specs", "kernels+matmul"],
+                        help="the engine cells' backbone ops (DecodeEngine's backbone=; default: the engine's)")
     parser.add_argument("--dry-run", action="store_true", help="CPU, micro checkpoint, tiny shapes (default: off)")
     args = parser.parse_args(argv)
     budget = Budget(args.budget)
@@ -154,10 +188,16 @@ def main(argv=None):
             result["fastdllm"]["error"] = f"{type(err).__name__}: {err}"
     save()
 
-    # first the cached step against the weight-read floor at this shape (the goal: <= 1.3x), at the race's first k
+    # first, where Fast-dLLM runs: the two decode the same tokens (fp32, two layers); then the cached step against
+    # the weight-read floor at this shape, at the race's first k
     k = args.per_step[0]
-    run_stage(cells, f"k{k}-B1-steps", lambda: steps_over_floor(model, prompts[0], our_settings(family, k, gen, block),
-                                                                 device, mode), save, budget, 10)
+    if fast is not None:
+        run_stage(result, "tokens_check", lambda: tokens_check(folder, model, config, None if args.dry_run else
+                                                               args.shape, k, gen, block, prompt_len, device),
+                  save, budget, 20)
+    run_stage(cells, f"k{k}-B1-steps", lambda: steps_over_floor(
+        model, prompts[0], engine_settings(our_settings(family, k, gen, block), args.backbone), device, mode), save,
+              budget, 10)
     first, rest = list(batches[:1]), sorted(batches[1:], reverse=True)  # B = 1 (the goals), then the largest batch
     tokens_b1 = {}
     for B in first + rest:
@@ -165,7 +205,8 @@ def main(argv=None):
             settings = our_settings(family, k, gen, block)
             for mode_name, m in (("eager-loop", None), (engine_name, mode)):
                 def cell(B=B, settings=settings, m=m, k=k):
-                    row, tokens = our_cell(model, prompts[:B], settings, device, m)
+                    run = settings if m is None else engine_settings(settings, args.backbone)
+                    row, tokens = our_cell(model, prompts[:B], run, device, m)
                     if B == 1 and m is None:
                         tokens_b1[k] = tokens
                     return row
@@ -177,6 +218,7 @@ def main(argv=None):
             k = args.per_step[0]
             run_stage(cells, f"k{k}-B1-engine-inductor", lambda k=k: our_cell(
                 model, prompts[:1], our_settings(family, k, gen, block), device, True)[0], save, budget, 90)
+    speedups(cells, args.per_step)
     result["summary"] = summary(cells, args.per_step, batches, engine_name)
     save()
     table = markdown(result)
@@ -211,6 +253,16 @@ def markdown(result: dict) -> str:
         lines.append(f"| {name} | {c['seconds_per_item']:.3f} | {c['tokens_per_second']:.1f} | {steps} | "
                      f"{c.get('forwards', c.get('nfe'))} | {ratio} |")
     return "\n".join(lines) + "\n"
+
+
+def speedups(cells: dict, per_step) -> None:
+    """Each tracelock cell's ``speedup_vs_fastdllm``: Fast-dLLM's seconds per item (one prompt at a time, B = 1) over
+    the cell's seconds per item at the same k, as a number in the cell."""
+    for k in per_step:
+        fast = cells.get(f"k{k}-B1-fastdllm", {}).get("seconds_per_item")
+        for name, c in cells.items():
+            if fast and name.startswith(f"k{k}-") and "fastdllm" not in name and "seconds_per_item" in c:
+                c["speedup_vs_fastdllm"] = fast / c["seconds_per_item"]
 
 
 def summary(cells: dict, per_step, batches, engine_name) -> dict:

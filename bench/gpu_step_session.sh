@@ -1,28 +1,42 @@
 #!/usr/bin/env bash
-# The decode step at the weight-read floor, on one lent H100/H200, in one call (stage limits sum to 9 min 20 s;
-# expected about 7.5 min on an H100):
-#  1. the Triton kernels' parity tests natively, each autotune config on its own (against kernels/ref.py);
-#  2. bench/gpu_step.py at LLaDA-8B's shape: torch.profiler on one refresh and one cached step (every kernel's time,
-#     calls, bytes where derivable, GB/s, share of the step; profile-llada-8b.md), window_logits_stats and
-#     tap_project against their roofline at B = 1, 8, 32, TraceLock's step with the shipped commit rule in the engine
-#     against the bare step (goal 1.05x) and the commit kernel's time per step,
-#     torchao's weight-only int8 (only if torchao imports on the device);
-#  3. bench/gpu_race.py at LLaDA-8B's and then Dream-7B's shape: k = 2 and 4 tokens per step on both sides, Fast-dLLM's
-#     own code (its steps argument) against tracelock's eager loop and engine (CUDA graphs; inductor with
-#     INDUCTOR=1) at B = 1, 32, 8.
+# The decode step at the weight-read floor, on one lent H100/H200, in one call (stage limits sum to 8 min 55 s):
+#  1. bench/gpu_backbone.py at LLaDA-8B's shape: the weight-read floor two ways (datasheet, a measured copy) and the
+#     cached step of each way of running the backbone (hand-written kernels as CUDA graphs, plus the Triton
+#     products; regional torch.compile with the specs or the kernels) at B = 1 and 32, the fastest recorded;
+#  2. bench/gpu_race.py at LLaDA-8B's shape: Fast-dLLM's own code (tokens checked equal first, fp32 on two layers)
+#     against tracelock's eager loop and engine at k = 2 and 4 tokens per step, B = 1, 32, 8, each cell's
+#     speedup_vs_fastdllm;
+#  3. bench/gpu_gemm.py: the four products at 1-32 rows: cuBLAS, max-autotune and the Triton weight-streaming
+#     kernel, with their epilogues;
+#  4. the Triton kernels' parity tests natively, each autotune config on its own (against kernels/ref.py);
+#  5. bench/gpu_step.py at LLaDA-8B's shape: torch.profiler on one refresh and one cached step (profile-llada-8b.md),
+#     the head and tap kernels against their roofline, TraceLock's step with the shipped commit rule against the bare
+#     step (goal 1.05x) and the commit kernel per step, torchao's int8 when it imports;
+#  6. Dream-7B's shape: the backbone variants at B = 1 and the race.
 # Every script rewrites its JSON after each stage and skips a stage its time budget cannot fit, so a stage cut off
 # by its timeout keeps what the earlier stages measured.
 #
-#   OUT=/some/dir PEER=/path/to/fast-dllm bash bench/gpu_step_session.sh
+#   bash bench/stage_peers.sh          # here, first: Fast-dLLM and its wheels into bench/.peers (git-ignored)
+#   run(carry=["bench/.peers"], command="OUT=$OUT bash bench/gpu_step_session.sh")       # on the device
 #   DRY_RUN=1 OUT=/tmp/x bash bench/gpu_step_session.sh        # the same stages on a CPU at tiny shapes
 #
-# Fast-dLLM's code is not in this repository: PEER names a checkout on the device (default ../shared/peers/fast-dllm
-# when it exists; it needs einops). Without it its rows say why they were skipped.
+# Fast-dLLM's code is not in this repository: PEER names a checkout (default bench/.peers/fast-dllm, which
+# bench/stage_peers.sh fills; ../shared/peers/fast-dllm when that exists). Without one the session stops at once
+# (NO_PEER=1 runs it without the race's Fast-dLLM rows).
 set -uo pipefail
 OUT=${OUT:-bench/results/gpu-step-session}
-PEER=${PEER:-}
 DRY_RUN=${DRY_RUN:-0}
 INDUCTOR=${INDUCTOR:-0}
+NO_PEER=${NO_PEER:-0}
+PEER=${PEER:-}
+if [ -z "$PEER" ]; then
+  for p in bench/.peers/fast-dllm ../shared/peers/fast-dllm; do [ -f "$p/llada/generate.py" ] && PEER=$p && break; done
+fi
+if [ -z "$PEER" ] && [ "$NO_PEER" != 1 ] && [ "$DRY_RUN" != 1 ]; then
+  echo "gpu_step_session: no Fast-dLLM checkout (bench/.peers/fast-dllm): run 'bash bench/stage_peers.sh' here and" \
+       "carry bench/.peers to the device, or set PEER=DIR, or NO_PEER=1 to run without Fast-dLLM" >&2
+  exit 2
+fi
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 stage() { printf '\n=== %s (%s)\n' "$1" "$(date +%T)"; }
@@ -31,6 +45,11 @@ quiet() { grep -v "Warning\|warnings.warn\|USDT"; }
 python3 -c "import tracelock.kernels" 2>/dev/null \
   || TRACELOCK_BUILD_EXT=0 timeout 30 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . \
      >/tmp/pip.log 2>&1 || { tail -20 /tmp/pip.log; exit 1; }
+# the peer's imports, from the wheels bench/stage_peers.sh put beside it (the device has no network)
+if [ -n "$PEER" ] && ! python3 -c "import einops" 2>/dev/null && [ -d bench/.peers/wheels ]; then
+  timeout 30 python3 -m pip install -q --no-index --find-links bench/.peers/wheels einops >/tmp/pip-peer.log 2>&1 \
+    || tail -5 /tmp/pip-peer.log
+fi
 
 stage "machine"
 nvidia-smi -L 2>/dev/null || echo "no nvidia-smi (dry run?)"
@@ -44,21 +63,30 @@ RACE=("${COMMON[@]}")
 [ -n "$PEER" ] && RACE+=(--peer-fastdllm "$PEER")
 [ "$INDUCTOR" = 1 ] && RACE+=(--inductor)
 
+stage "LLaDA-8B shape: the floor two ways and the cached step of each backbone variant, B = 1 and 32"
+timeout 140 python3 bench/gpu_backbone.py --out "$OUT" --shape llada-8b --budget 125 "${COMMON[@]}" 2>&1 | quiet | tail -12
+
+stage "LLaDA-8B shape: k per step against Fast-dLLM's own code, B = 1, 32, 8"
+timeout 120 python3 bench/gpu_race.py --out "$OUT" --shape llada-8b --budget 105 "${RACE[@]}" 2>&1 | quiet | tail -16
+
+stage "the four products at 1-32 rows: cuBLAS, max-autotune, the Triton weight-streaming kernel"
+timeout 55 python3 bench/gpu_gemm.py --out "$OUT" --budget 45 "${COMMON[@]}" 2>&1 | quiet | tail -12
+
 stage "Triton kernels against their specs, each autotune config on its own (natively: the bf16 tensor-core path)"
 if [ "$DRY_RUN" = 1 ]; then
   echo "dry run: tests/test_kernel_*.py run under TRITON_INTERPRET=1 in CI; skipped here"
 else
-  TRACELOCK_SKIP_AUTOTUNE=1 timeout 50 python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/kernel-tests.xml" \
-    tests/test_kernel_tap_project.py tests/test_kernel_window_stats.py -k "every_config or real_vocab" 2>&1 | tail -4
+  TRACELOCK_SKIP_AUTOTUNE=1 timeout 35 python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/kernel-tests.xml" \
+    tests/test_kernel_tap_project.py tests/test_kernel_window_stats.py tests/test_kernel_add_rms_norm.py \
+    tests/test_kernel_rope_qkv.py tests/test_kernel_silu_mul.py tests/test_kernel_commit_step.py \
+    -k "every_config or real_vocab or rule or matches" 2>&1 | tail -4
 fi
 
 stage "LLaDA-8B shape: profile of a refresh and a cached step, kernels vs roofline, TraceLock's step, int8"
-timeout 140 python3 bench/gpu_step.py --out "$OUT" --shape llada-8b --budget 115 "${COMMON[@]}" 2>&1 | quiet | tail -45
+timeout 95 python3 bench/gpu_step.py --out "$OUT" --shape llada-8b --budget 85 "${COMMON[@]}" 2>&1 | quiet | tail -45
 
-stage "LLaDA-8B shape: k per step against Fast-dLLM's own code, B = 1, 32, 8"
-timeout 180 python3 bench/gpu_race.py --out "$OUT" --shape llada-8b --budget 150 "${RACE[@]}" 2>&1 | quiet | tail -16
-
-stage "Dream-7B shape: k per step against Fast-dLLM's own code, B = 1, 32, 8"
-timeout 160 python3 bench/gpu_race.py --out "$OUT" --shape dream-7b --budget 130 "${RACE[@]}" 2>&1 | quiet | tail -16
+stage "Dream-7B shape: the backbone variants at B = 1, then k per step against Fast-dLLM's own code"
+timeout 35 python3 bench/gpu_backbone.py --out "$OUT" --shape dream-7b --budget 30 --batches 1 "${COMMON[@]}" 2>&1 | quiet | tail -8
+timeout 55 python3 bench/gpu_race.py --out "$OUT" --shape dream-7b --budget 45 "${RACE[@]}" 2>&1 | quiet | tail -16
 stage "done"
 ls "$OUT"

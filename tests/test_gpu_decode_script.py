@@ -95,13 +95,43 @@ def test_race_dry_run(tmp_path, shape):
             assert peer["nfe"] == peer["steps_argument"] == G // k
             if shape == "llada-8b":  # the same schedule, fp32: Fast-dLLM's tokens are tracelock's
                 assert peer["agreement"] == 1.0
+                assert saved["tokens_check"]["tokens_equal"] and saved["tokens_check"]["dtype"] == "torch.float32"
             assert f"k{k}-B1-engine-vs-fastdllm" in saved["summary"]
+            # every tracelock cell at this k holds its speedup over Fast-dLLM's per-item time, as a number
+            assert all(isinstance(c["speedup_vs_fastdllm"], float) for n, c in cells.items()
+                       if n.startswith(f"k{k}-") and "seconds_per_item" in c and "fastdllm" not in n)
     assert set(saved["summary"]) >= {"k2-B2-over-B1-tokens-per-second", "k4-B2-over-B1-tokens-per-second"}
     steps = cells["k2-B1-steps"]  # the cached step's median at this shape (no floor without a known card)
     assert steps["cached_steps"] > 0 and steps["cached_step_median"] > 0 and "cached_over_floor" not in steps
     table = (tmp_path / f"race-{shape}-dry-run.md").read_text()
     assert "| k2-B1-steps | cached step " in table and "| k4-B2-engine-uncompiled |" in table
     assert table.count("\n| k") == len(cells)
+
+
+def test_backbone_dry_run(tmp_path):
+    """Every backbone variant's cached step at B = 1 and 2 (uncompiled on the CPU), each checked against the first
+    variant's tokens; the fastest recorded per batch."""
+    saved = _script("gpu_backbone").main(["--out", str(tmp_path), "--dry-run"])
+    assert saved == json.loads((tmp_path / "gpu-backbone-llada-8b-dry-run.json").read_text())
+    assert saved["floors"]["weight_bytes_per_step"] > 0 and "copy_bandwidth" not in saved["floors"]  # no GPU
+    variants = saved["variants"]
+    assert len(variants) == 8, list(variants)
+    for name, row in variants.items():
+        assert "error" not in row, (name, row.get("error"))
+        assert row["cached_steps"] > 0 and row["cached_step_median"] > 0
+        # fp32 on a CPU: the Triton products run only on CUDA, every variant runs the same math here
+        assert row.get("agreement", 1.0) == 1.0, name
+    assert saved["choice"]["B1"]["fastest"] in {"cudagraphs-kernels", "cudagraphs-kernels+matmul",
+                                                "inductor-regional-specs", "inductor-regional-kernels"}
+
+
+def test_session_stops_at_once_without_the_peer(tmp_path):
+    env = dict(os.environ, OUT=str(tmp_path), PEER="", DRY_RUN="0", PATH=os.environ["PATH"])
+    env.pop("NO_PEER", None)
+    script = BENCH / "gpu_step_session.sh"
+    run = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60, env=env,
+                         cwd=tmp_path)  # no bench/.peers here, and no ../shared beside tmp_path
+    assert run.returncode == 2 and "bash bench/stage_peers.sh" in run.stderr, run.stderr
 
 
 def test_stage_guard():
