@@ -69,3 +69,22 @@ def test_every_engine_backbone_decodes_the_same_tokens(model, backbone):
     assert engine.kernels.epilogues == (backbone == "kernels+matmul")
     for r, prompt in enumerate(prompts):
         assert_same_decode(rows[r], tracelock.fused_generate(model, [prompt], **kw), f"{backbone} row {r}")
+
+
+def test_one_block_is_compiled_and_reused_for_every_layer(model):
+    """Regional compilation: under torch.compile a `Block` is one nested region; the layers after the first (which
+    has no previous MLP output to add) all call the same compiled subgraph, and the output is the eager one."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    ids = torch.tensor(random_prompts(model)[:1])
+    with torch.no_grad():
+        got = torch.compile(lambda x: model(x).logits, backend=backend, fullgraph=True)(ids)
+        want = model(ids).logits
+    assert torch.equal(got, want) and len(graphs) == 1
+    calls = [n for n in graphs[0].graph.nodes if n.op == "call_function" and "invoke_subgraph" in str(n.target)]
+    assert len(calls) >= model.spec.num_layers - 1
+    assert len({str(n.args[1]) for n in calls}) == 1  # one subgraph identifier: the layers share their code
