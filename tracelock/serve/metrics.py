@@ -22,6 +22,7 @@ _HELP = {
     "batch_capacity": ("gauge", "Rows the decode thread may run at once (--max-batch)."),
     "batch_occupancy": ("gauge", "requests_running / batch_capacity."),
     "engines": ("gauge", "Decode engines allocated (one per decode setting and prompt bucket in use)."),
+    "engines_built_total": ("counter", "Decode engines built (an idle engine of the same shape is reused instead)."),
     "step_cpu_seconds_total": ("counter", "CPU time of the decode thread in steps (its own torch threads only)."),
     "step_failures_total": ("counter", "Engine steps that raised (their rows start again, each alone)."),
     "step_seconds": ("histogram", "Wall time of one engine step."),
@@ -43,7 +44,7 @@ class Metrics:
         self.set("batch_capacity", capacity)
         for name in ("requests_running", "requests_waiting", "batch_occupancy", "engines", "prompt_tokens_total",
                      "generated_tokens_total", "decode_steps_total", "row_steps_total", "step_cpu_seconds_total",
-                     "step_failures_total"):
+                     "step_failures_total", "engines_built_total"):
             self.set(name, 0)
         self._capacity = capacity
 
