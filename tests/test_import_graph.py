@@ -34,7 +34,7 @@ LAYERS = [
     ["tracelock.controller", "tracelock.l2p"],
     ["tracelock.policies"],
     ["tracelock.decode"],
-    ["tracelock.generate", "tracelock.reference", "tracelock.throughput"],
+    ["tracelock.generate", "tracelock.reference", "tracelock.throughput", "tracelock.api"],
     # producers: decode with a policy and record traces or features
     ["tracelock.recording", "tracelock.features_cli"],
     ["tracelock.train"],

@@ -72,6 +72,12 @@ def check_decode_inputs(model, input_ids, policy_args) -> None:
         raise TypeError(f"policy_args must be a dict of the policy's keyword arguments, e.g. {{'tau': 0.9}}, got "
                         f"{type(policy_args).__name__} {policy_args!r}")
     spec = getattr(model, "spec", None)
+    if isinstance(input_ids, Mapping) or hasattr(input_ids, "input_ids") and hasattr(input_ids, "keys"):
+        raise TypeError(f"input_ids is a {type(input_ids).__name__}, a tokenizer's whole output; pass its token ids: "
+                        "enc = tok(text); fused_generate(model, [enc['input_ids']], ...) for one text, or for a "
+                        "batch enc = tok(texts, padding=True, return_tensors='pt') and fused_generate(model, "
+                        "enc['input_ids'], attention_mask=enc['attention_mask'], ...) (left padding: "
+                        "tok.padding_side = 'left')")
     if isinstance(input_ids, list | tuple):
         check_prompt_lists(input_ids)
         if spec is not None:

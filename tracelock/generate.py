@@ -14,6 +14,7 @@ shapes, one host read per step, the step compiled with ``torch.compile`` (`trace
 """
 
 from tracelock import ops
+from tracelock.api import check_call
 from tracelock.checks import check_decode_inputs
 from tracelock.decode.compiled import compile_requested, eager_reason, generate_compiled, warn_eager
 from tracelock.decode.loop import run_decode
@@ -74,6 +75,7 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
         print(stats.steps)
     """
     check_decode_inputs(model, input_ids, policy_args)
+    check_call(policy, policy_args)
     policy_args = policy_args_for(model, policy, policy_args, gen_length)
     mode = compile_requested(compile)
     if mode:

@@ -1,5 +1,6 @@
 """`reference_generate`: the executable spec of a decoding run, calling only the ``*_ref`` ops."""
 
+from tracelock.api import check_call
 from tracelock.checks import check_decode_inputs
 from tracelock.decode.loop import run_decode
 from tracelock.kernels.ref import apply_commits_ref, skip_finished_blocks_ref
@@ -22,6 +23,7 @@ def reference_generate(model, input_ids, *, policy, gen_length, block=None, wind
         raise ValueError(f"reference_generate always runs the torch reference ops; got impl={impl!r}. "
                          "Use tracelock.fused_generate(..., impl=...) to pick an implementation")
     check_decode_inputs(model, input_ids, policy_args)
+    check_call(policy, policy_args)
     policy_args = policy_args_for(model, policy, policy_args, gen_length)
     return run_decode(model, input_ids, policy=policy, gen_length=gen_length, block=block, window=window,
                       policy_args=policy_args, attention_mask=attention_mask, temperature=temperature,

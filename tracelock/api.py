@@ -1,0 +1,98 @@
+"""What the public decoding entry points (`fused_generate`, `reference_generate`, and `generate_many` through them)
+check before they decode, with the command line's care: a named policy and its arguments (the CLI's spec spelling
+pointed at ``policy_args``, "did you mean" for a name or an argument, every value error prefixed with its policy),
+and the thread rule the CLI applies (`tracelock.cli_common.threads_for_load`), said once on stderr."""
+
+import inspect
+import os
+import sys
+
+import torch
+
+from tracelock.cli_common import did_you_mean, physical_cores, safe_echo, threads_for_load
+from tracelock.policies import POLICIES, make_policy
+
+__all__ = ["check_call", "check_named_policy", "apply_thread_rule"]
+
+# arguments whose check reads files or needs the model: a policy that takes one is checked when it is built
+_LOADED = ("model", "controller", "filters", "encoder")
+
+
+def _spec_args(text: str) -> dict:
+    import json
+
+    args = {}
+    for pair in text.split(":")[1:]:
+        key, _, value = pair.partition("=")
+        try:
+            args[key] = json.loads(value)
+        except json.JSONDecodeError:
+            args[key] = value
+    return args
+
+
+def check_named_policy(policy, policy_args) -> None:
+    """A policy given by name: known (else the name meant, or for the command line's ``"threshold:tau=0.9"`` the
+    ``policy_args`` spelling of it), every argument one it takes (else the one meant), and the values its constructor
+    checks, each error prefixed with the policy (``policy 'threshold': tau=1.5 must lie in (0, 1]``). A policy object
+    passes through."""
+    if not isinstance(policy, str):
+        return
+    if policy not in POLICIES:
+        name = policy.split(":")[0].strip()
+        if (":" in policy or "=" in policy) and name in POLICIES:
+            args = {**_spec_args(policy), **(policy_args or {})}
+            raise ValueError(f"policy={safe_echo(repr(policy))} is the command line's spec; in Python pass the name "
+                             f"and its arguments apart: policy={name!r}, policy_args={args!r}")
+        raise ValueError(f"unknown policy {safe_echo(repr(policy))}; known policies: {', '.join(sorted(POLICIES))}"
+                         f"{did_you_mean(name, POLICIES)}")
+    params = {n for n in inspect.signature(POLICIES[policy].__init__).parameters if n != "self"}
+    args = dict(policy_args or {})
+    takes = params | ({"per_step"} if "steps" in params else set())
+    for key in args:
+        if key not in takes:
+            raise TypeError(f"policy {policy!r} takes no argument {safe_echo(repr(key))}; its arguments are: "
+                            f"{', '.join(sorted(takes - {'model'})) or '(none)'}{did_you_mean(key, takes)}")
+    if params & set(_LOADED):
+        return
+    try:
+        make_policy(policy, **{k: v for k, v in args.items() if k != "per_step"})
+    except (ValueError, TypeError) as err:
+        message = str(err)
+        if message.startswith(("policy ", "make_policy")):
+            raise
+        raise type(err)(f"policy {policy!r}: {message}") from None
+
+
+_threads_checked = False
+
+
+def apply_thread_rule() -> str | None:
+    """The CLI's thread rule for a Python caller, once per process: while neither ``$OMP_NUM_THREADS`` nor a
+    ``torch.set_num_threads`` call chose the count (it is torch's default, the physical cores), a machine busy with
+    other work gets the cores its load leaves free; a count chosen above them is kept. Either is said once on stderr
+    (threads that wait for a core made the quick start's decode 19x slower on a loaded 2-core machine). Returns the
+    notice, if any."""
+    global _threads_checked
+    if _threads_checked:
+        return None
+    _threads_checked = True
+    if os.environ.get("OMP_NUM_THREADS", "").strip():  # the user's, or the CLI's, which has applied the rule
+        return None
+    from tracelock.cli_common import machine_load
+
+    cores, current = physical_cores(), torch.get_num_threads()
+    chosen = None if current in (cores, os.cpu_count()) else current
+    n, notice = threads_for_load(chosen, current, cores, machine_load(cores), how="torch.set_num_threads({n})")
+    if n != current:
+        torch.set_num_threads(n)
+    if notice:
+        print(f"tracelock: {notice}", file=sys.stderr, flush=True)
+    return notice
+
+
+def check_call(policy, policy_args) -> None:
+    """Everything the entry points check before decoding that `tracelock.checks.check_decode_inputs` cannot (it sits
+    below the policies): the named policy, then the thread rule."""
+    check_named_policy(policy, policy_args)
+    apply_thread_rule()
