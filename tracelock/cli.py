@@ -1,25 +1,38 @@
-"""The ``tracelock`` command line: one subcommand per job.
+"""The tracelock command line: one subcommand per job, in one grammar (docs/cli.md).
 
-Every subcommand speaks one grammar (docs/cli.md): --limit N items, --tasks testbed:math,testbed:code, policy
-specs name:key=value, --model-dtype for the backbone, --device cpu|cuda, --threads N, --quiet. Progress goes to
-stderr, results (tables, JSON) to stdout.
+--model a folder, a Hub id or a bundled model (testbed, testbed-dream); one setting --gen-length N with --block W or
+--window W (--settings GEN/WIDTH,... where a command compares several); one policy --policy SPEC, several --policies
+SPEC,SPEC (SPEC: name[:key=value...], e.g. threshold:tau=0.9); --tasks a,b; --limit N items; --model-dtype;
+--device cpu|cuda[:i]; --threads N; --quiet. A singular option takes one value, a plural one a comma-separated
+list. Progress goes to stderr, results (tables, JSON) to stdout.
 """
 
+import contextlib
 import importlib
 import os
 import sys
 
 from tracelock import __version__
 from tracelock.cli_common import (
-    POLICY_NAMES,
     Parser,
+    add_batch_size,
+    add_device,
     add_limit,
+    add_model,
     add_model_dtype,
+    add_policy,
     add_runtime_options,
+    add_schedule,
+    add_settings,
     apply_runtime_options,
+    bounded_int,
+    existing_file,
+    option_help,
     output_file,
     positive_int,
+    safe_echo,
     thread_count,
+    workers_int,
 )
 
 # subcommands defined beside their code: each module has `add_parsers(sub)` (keep its heavy imports inside
@@ -41,6 +54,11 @@ SUBCOMMAND_MODULES = (
     "tracelock.eval.lm_eval_cli",
     "tracelock.serve.cli",
 )
+# the order `tracelock --help` lists the commands in: the README's table, "The command line at a glance"
+COMMAND_ORDER = ("demo", "generate", "collect", "fit-encoder", "featurize", "train", "train-l2p", "self-train", "rl",
+                 "eval", "report", "paper-tables", "frontier", "serve", "lm-eval", "testbed-train", "testbed-eval",
+                 "testbed-ship", "testbed-ship-controller", "testbed-probe", "testbed-ar-calibration",
+                 "tiny-checkpoint", "env")
 
 
 def _env(args):
@@ -71,15 +89,12 @@ def _demo(args):
 
 def _add_demo(sub):
     p = sub.add_parser("demo", help="decode held-out testbed items with every heuristic baseline; print the table")
-    p.add_argument("--model", default="testbed", help="checkpoint folder (default: the bundled testbed model)")
+    add_model(p, default="testbed")
     p.add_argument("--tasks", default="testbed:math,testbed:code",
-                   help="comma-separated testbed tasks: testbed:math, testbed:code (math,code also accepted)")
+                   help="testbed tasks, comma-separated: testbed:math, testbed:code (math,code also accepted)")
     add_limit(p, default=16, help="held-out items per task", old=("--n",))
-    p.add_argument("--gen-length", type=positive_int, default=64, help="tokens generated per item")
-    sched = p.add_mutually_exclusive_group()
-    sched.add_argument("--block", type=positive_int, help="semi-AR block length (default 16 when no window is given)")
-    sched.add_argument("--window", type=positive_int, help="soft-crop window width (default: blocks, not a window)")
-    p.add_argument("--batch-size", type=positive_int, default=16, help="items decoded together")
+    add_schedule(p, gen_length=64, block_default="16 when no --window is given", window_default="blocks, no window")
+    add_batch_size(p, default=16)
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out sample")
     p.add_argument("--tracelock", action="store_true",
                    help="add a TraceLock row with the controller shipped with the bundled --model (or --controller)")
@@ -101,24 +116,23 @@ def _testbed_eval(args):
 
 def _add_testbed_eval(sub):
     p = sub.add_parser("testbed-eval", help="quality-vs-steps tables on held-out testbed items, JSON out")
-    p.add_argument("--model", default="testbed", help="checkpoint folder (default: the bundled testbed model)")
+    add_model(p, default="testbed")
     p.add_argument("--tasks", default="testbed:math,testbed:code",
-                   help="comma-separated testbed tasks: testbed:math, testbed:code (math,code also accepted)")
+                   help="testbed tasks, comma-separated: testbed:math, testbed:code (math,code also accepted)")
     add_limit(p, default=300, help="held-out items per task, drawn at random from the test split's pool of 2000",
               old=("--n",))
-    p.add_argument("--settings", default="64/16,64/32,128/16,128/32", help="comma-separated GEN/WIDTH pairs")
-    p.add_argument("--schedule", choices=["block", "window"], default="block", help="semi-AR blocks or a window")
-    p.add_argument("--batch-size", type=positive_int, default=100, help="items decoded together")
+    add_settings(p, default="64/16,64/32,128/16,128/32", schedules=("block", "window"),
+                 schedule_help="every WIDTH of --settings a semi-AR block or a soft-crop window")
+    add_batch_size(p, default=100)
     p.add_argument("--seed", type=int, default=0, help="seed of the random draw of held-out items")
-    p.add_argument("--policies", help="comma-separated policy specs name[:key=value...], e.g. "
-                                      "confidence,threshold:tau=0.9 (default: every row: the family's reference "
-                                      "rule with 1, 2 and 4 tokens per step, threshold 0.9/0.7/0.5, random, and "
-                                      "Dream's rules on a Dream model); the rows' labels ('threshold 0.9') are "
-                                      "accepted too, deprecated. The reference at 1/step always runs, as the "
-                                      "oracle replays it")
-    p.add_argument("--device", default="cpu", help="where the model decodes: cpu or cuda[:i]")
-    p.add_argument("--workers", type=positive_int, default=2, help="sandbox processes that run the code answers' "
-                                                                   "tests")
+    p.add_argument("--policies", help=option_help("--policies", "the rows' labels ('threshold 0.9') are accepted "
+                                                                "too, deprecated") +
+                   " (default: every row: the family's reference rule with 1, 2 and 4 tokens per step, threshold "
+                   "0.9/0.7/0.5, random, and Dream's rules on a Dream model; the reference at 1/step always runs, "
+                   "as the oracle replays it)")
+    add_device(p)
+    p.add_argument("--workers", type=workers_int, default=2, help="sandbox processes that run the code answers' "
+                                                                  "tests")
     p.add_argument("--out", required=True, type=output_file,
                    help="JSON results file (settings already in it are skipped)")
     p.set_defaults(func=_testbed_eval)
@@ -177,14 +191,14 @@ def _add_testbed_train(sub):
                    help="start from this finished run's (or checkpoint folder's) tokenizer and weights, of the same "
                         "family and sizes: a second stage of training (default: none, a fresh tokenizer and "
                         "random weights)")
-    p.add_argument("--threads", type=thread_count, default=machine["threads"],
-                   help="torch CPU threads (default 0: $OMP_NUM_THREADS if set, else the physical cores); a run "
-                        "reproduces its weights on the device and thread count it ran on")
+    p.add_argument("--threads", type=thread_count, default=machine["threads"] or None, metavar="N",
+                   help=option_help("--threads", "a run reproduces its weights on the device and thread count it "
+                                                 "ran on"))
     p.add_argument("--compile", action="store_true", default=None,
                    help="torch.compile the loss, forward and backward (1.4-1.9x faster steps on a 2-core CPU "
                         "after about a minute of compiling)")
-    p.add_argument("--device", default=machine["device"], help="cpu or cuda; a run reproduces its weights on the "
-                                                               "device and --threads it ran on")
+    add_device(p, default=machine["device"], extra="a run reproduces its weights on the device and --threads it "
+                                                    "ran on")
     p.set_defaults(func=_testbed_train)
 
 
@@ -214,20 +228,13 @@ _TRAIN_HELP = {
 
 def _add_generate(sub):
     p = sub.add_parser("generate", help="decode prompts with a commitment policy, JSONL out")
-    p.add_argument("--model", required=True, help='checkpoint folder (LLaDA, Dream or a tiny one), or "testbed"')
+    add_model(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="one prompt (the chat template is applied)")
-    src.add_argument("--prompts", help='JSONL file, one {"prompt": ...} per line')
-    p.add_argument("--policy", required=True, metavar="SPEC",
-                   help=f"policy spec name[:key=value...], e.g. threshold:tau=0.9; names: {', '.join(POLICY_NAMES)}")
-    p.add_argument("--policy-arg", action="append", default=[], metavar="K=V",
-                   help="one more policy keyword argument, repeatable (e.g. --policy-arg tau=0.9); same as :K=V in "
-                        "--policy (default: none)")
-    p.add_argument("--gen-length", type=positive_int, required=True, help="tokens generated per prompt")
-    sched = p.add_mutually_exclusive_group()
-    sched.add_argument("--block", type=positive_int, help="semi-AR block length, divides --gen-length (default: "
-                                                          "neither block nor window, one region)")
-    sched.add_argument("--window", type=positive_int, help="soft-crop window width (default: no window)")
+    src.add_argument("--prompts", type=existing_file("--prompts"), help='JSONL file, one {"prompt": ...} per line')
+    add_policy(p, required=True)
+    add_schedule(p, gen_required=True, block_default="neither block nor window, one region",
+                 window_default="no window")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0 samples (Gumbel-max)")
     p.add_argument("--cfg-scale", type=float, default=0.0, help="LLaDA's classifier-free guidance (0: off)")
     p.add_argument("--stop-at-eot", action="store_true", help="a committed end token finishes the row")
@@ -239,10 +246,10 @@ def _add_generate(sub):
     p.add_argument("--refresh-shift", type=positive_int,
                    help="with --cache and --window: refresh when the window moved this far (default: window // 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of sampling and random policies")
-    p.add_argument("--batch-size", type=positive_int, default=1, help="prompts per batch (left-padded; same results)")
+    add_batch_size(p, default=1, extra="prompts are left-padded; the same results")
     p.add_argument("--no-chat-template", action="store_true", help="encode prompts as they are")
     add_model_dtype(p)
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    add_device(p)
     p.add_argument("--impl", choices=["torch", "cpp", "triton", "cuda"],
                    help="op implementation (default: $TRACELOCK_IMPL, else the fastest available)")
     p.add_argument("--out", type=output_file, help="JSONL output file (default: stdout)")
@@ -251,9 +258,8 @@ def _add_generate(sub):
 
 def build_parser():
     parser = Parser(prog="tracelock", description=__doc__,
-                    epilog="`tracelock COMMAND --help` shows a command's options with their defaults. Every command "
-                           "takes --threads N (torch CPU threads; default $OMP_NUM_THREADS, else the physical cores) "
-                           "and --quiet (no progress on stderr).")
+                    epilog="tracelock COMMAND --help shows a command's options with their defaults. Every command "
+                           f"takes --threads N ({option_help('--threads')}) and --quiet.")
     parser.add_argument("--version", action="version", version=f"tracelock {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     p = sub.add_parser("env", help="print torch, triton, interpreter mode, tracelock._C and GPU status")
@@ -262,7 +268,8 @@ def build_parser():
     p.add_argument("--family", choices=["llada", "dream"], default="llada", help="model family")
     p.add_argument("--profile", choices=["micro", "kernel"], default="micro", help="sizes: micro (tests) or kernel")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    p.add_argument("--shards", type=positive_int, default=1, help="safetensors files to split the weights into")
+    p.add_argument("--shards", type=bounded_int(64, "files"), default=1,
+                   help="safetensors files to split the weights into")
     p.add_argument("--out", required=True, help="folder to write")
     p.set_defaults(func=_tiny_checkpoint)
     _add_generate(sub)
@@ -274,6 +281,9 @@ def build_parser():
     for p in sub.choices.values():
         if p.prefix_chars == "-":  # `lm-eval` passes every argument through to lm-eval's own command line
             add_runtime_options(p)
+    order = {name: i for i, name in enumerate(COMMAND_ORDER)}
+    sub._choices_actions.sort(key=lambda a: order.get(a.dest, len(order)))
+    sub.choices = dict(sorted(sub.choices.items(), key=lambda kv: order.get(kv[0], len(order))))
     return parser
 
 
@@ -282,23 +292,85 @@ _USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, NotAD
                 PermissionError)
 
 
+def _gen_lengths(args) -> list:
+    """Every generation length the command's options ask for (one, the settings', paper-tables' grid)."""
+    from tracelock.cli_common import check_settings
+
+    lengths = [getattr(args, "gen_length", None)]
+    if getattr(args, "settings", None):
+        lengths += [gen for gen, _ in check_settings(args.settings)]
+    if isinstance(getattr(args, "gen_lengths", None), str) and getattr(args, "command", "") == "paper-tables":
+        lengths += [int(v) for v in args.gen_lengths.split(",") if v.strip().isdigit()]
+    return [n for n in lengths if isinstance(n, int)]
+
+
+def check_model_options(args) -> None:
+    """What the model's own files bound, checked before its weights load (minutes for an 8B checkpoint): float16
+    needs CUDA, and every generation length leaves room for a prompt in the checkpoint's positions (its config)."""
+    dtype, device = getattr(args, "model_dtype", None), str(getattr(args, "device", None) or "cpu")
+    if dtype == "float16" and not device.startswith("cuda"):
+        raise ValueError("--model-dtype float16 runs on CUDA only (--device cuda); on the CPU pass --model-dtype "
+                         "float32 or bfloat16")
+    lengths, model = _gen_lengths(args), getattr(args, "model", None)
+    if not lengths or not isinstance(model, str) or not model:
+        return
+    from tracelock.models.loading import resolve_path
+    from tracelock.models.spec import ModelSpec
+
+    limit = ModelSpec.from_pretrained(resolve_path(model)).max_positions
+    if max(lengths) >= limit:
+        raise ValueError(f"--gen-length {max(lengths)} leaves no room for a prompt in the {limit} positions of "
+                         f"--model {model}; pass a generation length of at most {limit - 1} less the prompt's tokens")
+
+
+@contextlib.contextmanager
+def _warnings_as_notes(command: str):
+    """A warning during a command is one line on stderr, ``tracelock CMD: note: ...``, once, without the source
+    path and line Python's format adds; --quiet hides them (errors still print)."""
+    import warnings
+
+    from tracelock.progress import quiet
+
+    said, previous = set(), warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = safe_echo(str(message))
+        if quiet() or text in said:
+            return
+        said.add(text)
+        print(f"tracelock {command}: note: {text}", file=sys.stderr, flush=True)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
+
+
 def main(argv=None):
+    args = build_parser().parse_args(argv)
+    apply_runtime_options(args)
+    with _warnings_as_notes(args.command):
+        return _run(args)
+
+
+def _run(args) -> int:
     from tracelock.atomic import OutputError
     from tracelock.extras import MissingExtraError
 
-    args = build_parser().parse_args(argv)
-    apply_runtime_options(args)
     try:
         if getattr(args, "device", None) is not None:
             from tracelock.checks import check_device
 
             check_device(args.device)
+        check_model_options(args)
         return args.func(args) or 0
     except (*_USER_ERRORS, OutputError, MissingExtraError) as err:
-        # bad input, a corrupt file, a full disk or a busy output folder: one clear line, no traceback
+        # bad input, a corrupt file, a full disk or a busy output folder: one clear line, no traceback; a value the
+        # user typed is echoed with its control characters escaped
         if os.environ.get("TRACELOCK_DEBUG"):
             raise
-        print(f"tracelock {args.command}: error: {err}", file=sys.stderr)
+        print(f"tracelock {args.command}: error: {safe_echo(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"tracelock {args.command}: interrupted (the resumable commands continue where they stopped when run "

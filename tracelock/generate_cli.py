@@ -6,6 +6,7 @@ import sys
 import torch
 
 from tracelock import ops
+from tracelock.api import check_named_policy
 from tracelock.cli_common import policy_and_args
 from tracelock.decode.schedule import validate_schedule
 from tracelock.generate import fused_generate
@@ -31,6 +32,7 @@ def check_arguments(args) -> tuple[str, dict]:
     except ValueError as err:  # its message speaks fused_generate's keywords
         raise ValueError(str(err).replace("gen_length=", "--gen-length ").replace("block=", "--block ")
                          .replace("window=", "--window ")) from None
+    check_named_policy(policy, policy_args)  # a value error says its policy, as every policy error does
     check_policy(policy, policy_args, gen_length=args.gen_length,
                  num_regions=args.gen_length // args.block if args.block else 1)
     ops.check_impl(args.impl, args.device)

@@ -35,36 +35,32 @@ def run_eval_cli(args) -> int:
 
 def add_run_arguments(p) -> None:
     """Decoding options shared by `eval` and `paper-tables`."""
-    from tracelock.cli_common import add_model_dtype, positive_int
+    from tracelock.cli_common import add_batch_size, add_device, add_model_dtype, workers_int
 
-    p.add_argument("--batch-size", type=positive_int, default=32, help="items decoded together")
+    add_batch_size(p, default=32)
     p.add_argument("--seed", type=int, default=0, help="seed of the random draw of items (--limit) and of sampling")
-    p.add_argument("--workers", type=positive_int, default=2, help="sandbox processes for code scoring")
+    p.add_argument("--workers", type=workers_int, default=2, help="sandbox processes for code scoring")
     add_model_dtype(p)
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (under torchrun: cuda:LOCAL_RANK)")
+    add_device(p, torchrun=True)
 
 
 def add_parsers(sub) -> None:
-    from tracelock.cli_common import add_alias, positive_int
+    from tracelock.cli_common import add_alias, add_model, add_settings, option_help, positive_int
 
     p = sub.add_parser("eval", help="every policy on the same prompts: metric and steps per setting (resumable, "
                                     "torchrun-ready)")
-    p.add_argument("--model", required=True, help='checkpoint folder, or "testbed"')
+    add_model(p)
     tasks = p.add_mutually_exclusive_group(required=True)
-    tasks.add_argument("--tasks", help="comma-separated tasks: gsm8k:PATH, humaneval[:PATH], "
-                                       "humaneval-with-tests[:PATH], qa:PATH, testbed:math, testbed:code "
-                                       "(testbed:math@validation: that split); several tasks write one run folder "
-                                       "each inside --out")
+    tasks.add_argument("--tasks", help=option_help("--tasks", "several tasks write one run folder each inside --out"))
     add_alias(tasks, "--task", "--tasks", dest="tasks")
     p.add_argument("--policies", required=True,
-                   help="comma-separated policy specs name[:key=value...], e.g. confidence,threshold:tau=0.9,"
-                        "tracelock,oracle (oracle replays the first policy's final tokens)")
-    p.add_argument("--settings", default="128/32", help="GEN/WIDTH comma-separated, e.g. 128/32,256/64")
+                   help=option_help("--policies", "e.g. confidence,threshold:tau=0.9,tracelock,oracle (oracle "
+                                                  "replays the first policy's final tokens)"))
+    add_settings(p, default="128/32", schedule_help="auto: tracelock in a sliding window, the others in semi-AR "
+                                                    "blocks (the paper's protocol); block or window: every policy so")
     p.add_argument("--controller", help="a `tracelock train --out` folder, for the tracelock policy (default: none)")
     p.add_argument("--l2p", help="a `tracelock train-l2p --out` folder (one filter per block size), for l2p "
                                  "(default: none)")
-    p.add_argument("--schedule", default="auto", choices=["auto", "block", "window"],
-                   help="auto: tracelock in a sliding window, the others in semi-AR blocks (the paper's protocol)")
     p.add_argument("--limit", type=positive_int, metavar="N",
                    help="N of the task's items drawn at random with --seed (required for testbed tasks; default: every "
                         "item of a file task)")

@@ -96,32 +96,37 @@ def _value(text: str):
 
 
 def parse_sweep(text: str) -> Sweep:
-    """``name[:knob=v1,v2,...][:key=value...][:curve=TITLE]``; a bare ``name`` takes its `DEFAULT_SWEEPS` grid."""
+    """``name[:knob=v1,v2,...][:key=value...][:curve=TITLE]``; a bare ``name`` takes its `DEFAULT_SWEEPS` grid. The
+    values of one key are the list grammar of every command (`tracelock.cli_common.policy_groups`): the points of a
+    sweep are what ``--policies name:knob=v1,v2`` runs as policies."""
+    from tracelock.cli_common import did_you_mean, policy_groups
     from tracelock.policies import POLICIES
 
-    name, *pairs = [t.strip() for t in text.strip().split(":")]
-    if name not in POLICIES:
-        raise ValueError(f"--sweep {text!r}: {name!r} is not a policy; known: {', '.join(sorted(POLICIES))}")
+    try:
+        groups = policy_groups(text, option="--sweep", names=tuple(POLICIES))
+    except ValueError as err:
+        if "lists values of two keys" in str(err):
+            raise ValueError(str(err).replace("lists values of two keys", "sweeps two knobs")
+                             .replace("list one key per policy", "sweep one knob per --sweep")) from None
+        raise
+    if len(groups) != 1:
+        raise ValueError(f"--sweep {text!r} names {len(groups)} policies ({', '.join(g[0] for g in groups)}); give "
+                         "each its own --sweep")
+    name, _, pairs, listed, listed_values = groups[0]
     accepted = {p for p in inspect.signature(POLICIES[name].__init__).parameters if p != "self"}
     if name in PER_STEP_POLICIES:
         accepted.add("per_step")
     accepted |= {"schedule", "cache", "refresh_every", "refresh_shift"}  # the runner's (see runner.RUNNER_KEYS)
     knob, values, fixed, title = None, None, {}, None
-    for pair in pairs:
-        key, eq, value = pair.partition("=")
-        if not eq or not key:
-            raise ValueError(f"--sweep {text!r}: {pair!r} must look like key=value or knob=v1,v2,... "
-                             "(e.g. threshold:tau=0.5,0.7,0.9)")
+    for i, (key, value) in enumerate(pairs):
         if key == "curve":
             title = value
             continue
         if key not in accepted:
             raise ValueError(f"--sweep {text!r}: {name} has no knob or argument {key!r}; choose from "
-                             f"{', '.join(sorted(accepted))}")
-        if "," in value:
-            if knob is not None:
-                raise ValueError(f"--sweep {text!r} sweeps two knobs ({knob}, {key}); sweep one knob per --sweep")
-            knob, values = key, tuple(_number(v, text) for v in value.split(",") if v.strip())
+                             f"{', '.join(sorted(accepted))}{did_you_mean(key, accepted)}")
+        if i == listed:
+            knob, values = key, tuple(_number(v, text) for v in listed_values if v.strip())
         else:
             fixed[key] = _value(value)
     if knob is None:
@@ -415,32 +420,41 @@ def _run(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    from tracelock.cli_common import add_limit, add_model_dtype, positive_int
+    from tracelock.cli_common import (
+        add_batch_size,
+        add_device,
+        add_limit,
+        add_model,
+        add_model_dtype,
+        add_settings,
+        option_help,
+        workers_int,
+    )
 
     p = sub.add_parser("frontier", help="quality against steps along each policy's knob; steps at the reference "
                                         "accuracy (resumable)")
-    p.add_argument("--model", required=True, help='checkpoint folder, or "testbed" / "testbed-dream"')
-    p.add_argument("--tasks", required=True, help="comma-separated eval task names, e.g. testbed:math,testbed:code")
+    add_model(p)
+    p.add_argument("--tasks", required=True, help=option_help("--tasks"))
     p.add_argument("--split", default="test", choices=SPLITS,
                    help="held-out split of the testbed tasks (default: test; choose settings on validation)")
     add_limit(p, help="N items of each task drawn at random with --seed (default: all; testbed tasks need it)")
-    p.add_argument("--settings", default="64/16", help="GEN/WIDTH comma-separated (default: 64/16)")
+    add_settings(p, default="64/16", schedule_help="auto: tracelock in a sliding window of WIDTH, the others in "
+                                                   "blocks of WIDTH; block or window: every policy so")
     p.add_argument("--sweep", action="append", required=True, metavar="NAME[:KNOB=V1,V2,...][:KEY=VALUE...]",
                    help="a policy and the values of its knob, repeatable, e.g. --sweep threshold:tau=0.7,0.9 "
-                        "--sweep confidence:per_step=1,2,4; curve=TITLE names the curve (two sweeps of one policy, "
-                        "e.g. two controllers); a bare name takes its default grid: " +
+                        "--sweep confidence:per_step=1,2,4 (the list grammar of --policies: each value a point); "
+                        "curve=TITLE names the curve (two sweeps of one policy, e.g. two controllers); a bare name "
+                        "takes its default grid: " +
                         "; ".join(f"{n} {k}={','.join(map(str, v))}" for n, (k, v) in DEFAULT_SWEEPS.items()))
     p.add_argument("--tolerance", type=float, default=0.01,
                    help="the reference accuracy is the one-per-step rule's minus this (default: 0.01, one point)")
     p.add_argument("--controller", help="a `tracelock train --out` folder, for tracelock sweeps (default: none; "
                                          "a sweep may name its own with controller=DIR)")
     p.add_argument("--l2p", help="a `tracelock train-l2p --out` folder, for l2p sweeps (default: none)")
-    p.add_argument("--schedule", default="auto", choices=["auto", "block", "window"],
-                   help="auto (default): tracelock in a sliding window of WIDTH, the others in blocks of WIDTH")
-    p.add_argument("--batch-size", type=positive_int, default=32, help="items decoded together (default: 32)")
+    add_batch_size(p, default=32)
     p.add_argument("--seed", type=int, default=0, help="seed of the random draw of items (default: 0)")
-    p.add_argument("--workers", type=int, default=2, help="sandbox processes for code scoring (default: 2)")
+    p.add_argument("--workers", type=workers_int, default=2, help="sandbox processes for code scoring (default: 2)")
     add_model_dtype(p, old=())
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    add_device(p)
     p.add_argument("--out", required=True, help="folder: one eval run per task and setting, frontier.json/csv/png")
     p.set_defaults(func=_run)

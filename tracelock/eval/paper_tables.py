@@ -136,7 +136,7 @@ def run_tables_cli(args) -> int:
     tasks = split_tasks(args.tasks)
     with torchrun_group(args.device) as (rank, world, device):
         text = run_tables(args.model, args.controller, tasks, args.out, l2p=args.l2p,
-                          lengths=_ints(args.lengths, "--lengths"),
+                          lengths=_ints(args.gen_lengths, "--gen-lengths"),
                           widths=_ints(args.widths, "--widths"), limit=args.limit, static_tau=args.static_tau,
                           batch_size=args.batch_size, seed=args.seed, workers=args.workers, dtype=args.model_dtype,
                           device=device, rank=rank, world_size=world, progress=status)
@@ -147,29 +147,33 @@ def run_tables_cli(args) -> int:
 
 
 def _ints(text: str, arg: str) -> list[int]:
+    from tracelock.cli_common import MAX_GEN_LENGTH
+
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise ValueError(f"{arg} {text!r} must be comma-separated integers, e.g. 64,128") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"{arg} {text!r} must name at least one positive integer")
+    if not values or min(values) < 1 or max(values) > MAX_GEN_LENGTH:
+        raise ValueError(f"{arg} {text!r} must name at least one integer, each in 1..{MAX_GEN_LENGTH}")
     return values
 
 
 def add_parsers(sub) -> None:
-    from tracelock.cli_common import positive_int
+    from tracelock.cli_common import add_alias, add_model, option_help, positive_int
     from tracelock.eval.cli import add_run_arguments
 
     p = sub.add_parser("paper-tables", help="the paper's main, generalisation and deployment-ablation tables "
                                             "(resumable, torchrun-ready)")
-    p.add_argument("--model", required=True, help='checkpoint folder, or "testbed"')
+    add_model(p)
     p.add_argument("--controller", required=True, help="a `tracelock train --out` folder")
     p.add_argument("--l2p", help="a `tracelock train-l2p --out` folder with a filter for every width (adds Learn2PD; "
                                  "default: none, no Learn2PD rows)")
-    p.add_argument("--tasks", default="testbed:math,testbed:code", help="comma-separated tasks as `tracelock eval` "
-                                                                        "names them")
-    p.add_argument("--lengths", default="64,128", help="generation lengths (multiples of 4)")
-    p.add_argument("--widths", default="16,32", help="block/window widths of the main table")
+    p.add_argument("--tasks", default="testbed:math,testbed:code", help=option_help("--tasks"))
+    p.add_argument("--gen-lengths", default="64,128", metavar="N,N,...",
+                   help="generation lengths, comma-separated (multiples of 4); the tables cross them with --widths")
+    add_alias(p, "--lengths", "--gen-lengths", dest="gen_lengths")
+    p.add_argument("--widths", default="16,32", metavar="W,W,...",
+                   help="block/window widths of the main table, comma-separated")
     p.add_argument("--limit", type=positive_int, metavar="N",
                    help="the first N items per task (required for testbed tasks; default: every item of a file task)")
     p.add_argument("--static-tau", type=float, default=0.0, help="threshold logit of the static-threshold ablation")

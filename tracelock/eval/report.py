@@ -252,7 +252,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--out", help="output folder (default: RUN_DIR/report)")
     p.add_argument("--pair", help='two policy labels to compare, "label A,label B" (default: the first policy '
                                   "against each other one)")
-    p.add_argument("--every", type=int, default=16, help="divergence probe interval in steps (default 16)")
-    p.add_argument("--items", type=int, default=3, help="trace grids to draw (default 3)")
-    p.add_argument("--grid-every", type=int, default=1, help="a trace-grid column every N steps (default 1)")
+    from tracelock.cli_common import bounded_int, positive_int
+
+    p.add_argument("--every", type=positive_int, default=16, help="divergence probe interval in steps (default 16)")
+    p.add_argument("--items", type=bounded_int(100, "a plot each"), default=3, help="trace grids to draw (default 3)")
+    p.add_argument("--grid-every", type=positive_int, default=1, help="a trace-grid column every N steps (default 1)")
     p.set_defaults(func=_report)

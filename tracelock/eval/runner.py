@@ -78,53 +78,42 @@ def _value(text: str):
         return text
 
 
-def parse_policies(text: str) -> list[PolicySpec]:
-    """``name[:key=value[:key=value]]`` comma-separated, e.g. ``confidence,threshold:tau=0.9,tracelock,oracle``.
+def parse_policies(text: str, option: str = "--policies") -> list[PolicySpec]:
+    """``name[:key=value[:key=value]]`` comma-separated, e.g. ``confidence,threshold:tau=0.9,tracelock,oracle``;
+    ``threshold:tau=0.9,0.7`` is one policy per value (`tracelock.cli_common.expand_policy_list`, the one list
+    grammar of every command).
 
     ``schedule=block|window|full`` is the runner's, not the policy's: e.g. ``tracelock:schedule=full`` is TraceLock
     without soft-crop (every generation position in one region). So are the KV cache's ``cache=prefix|dual``,
     ``refresh_every=S`` and ``refresh_shift=R`` (`fused_generate`'s arguments), e.g. ``threshold:tau=0.9:cache=prefix``.
     """
-    from tracelock.policies import POLICIES
+    from tracelock.cli_common import did_you_mean, expand_policy_list
 
     specs = []
-    for token in (t.strip() for t in text.split(",")):
-        if not token:
-            continue
-        name, *pairs = token.split(":")
-        if name not in POLICIES and name != "oracle":
-            raise ValueError(f"--policies: {name!r} is not a policy; known: {', '.join(sorted(POLICIES))}, oracle")
-        args = {}
-        for pair in pairs:
-            key, eq, value = pair.partition("=")
-            if not eq or not key:
-                raise ValueError(f"--policies: {pair!r} in {token!r} must look like key=value, e.g. threshold:tau=0.9")
-            args[key] = _value(value)
-        if args.get("schedule", "block") not in ("block", "window", "full"):
-            raise ValueError(f"--policies: schedule={args['schedule']!r} in {token!r} must be block, window or full")
-        if args.get("cache", "prefix") not in ("prefix", "dual"):
-            raise ValueError(f"--policies: cache={args['cache']!r} in {token!r} must be prefix or dual")
-        specs.append(PolicySpec(token, name, args))
+    for label, name, pairs in expand_policy_list(text, option=option):
+        args = {key: _value(value) for key, value in pairs}
+        schedule, cache = args.get("schedule", "block"), args.get("cache", "prefix")
+        if schedule not in ("block", "window", "full"):
+            raise ValueError(f"{option}: schedule={schedule!r} in {label!r} must be block, window or full"
+                             f"{did_you_mean(schedule, ('block', 'window', 'full'))}")
+        if cache not in ("prefix", "dual"):
+            raise ValueError(f"{option}: cache={cache!r} in {label!r} must be prefix or dual"
+                             f"{did_you_mean(cache, ('prefix', 'dual'))}")
+        specs.append(PolicySpec(label, name, args))
     if not specs:
-        raise ValueError("--policies names no policy; e.g. --policies confidence,threshold:tau=0.9")
+        raise ValueError(f"{option} names no policy; e.g. {option} confidence,threshold:tau=0.9")
     if specs[0].name == "oracle":
-        raise ValueError("--policies: oracle replays the first policy's tokens, so it cannot come first")
+        raise ValueError(f"{option}: oracle replays the first policy's tokens, so it cannot come first")
     if len({s.slug for s in specs}) != len(specs):
-        raise ValueError(f"--policies repeats a policy: {text!r}")
+        raise ValueError(f"{option} repeats a policy: {text!r}")
     return specs
 
 
 def parse_settings(text: str) -> list[Setting]:
     """``GEN/WIDTH`` comma-separated, e.g. ``128/32,256/64``."""
-    out = []
-    for token in (t.strip() for t in text.split(",")):
-        m = re.fullmatch(r"(\d+)/(\d+)", token)
-        if not m or int(m[2]) < 1 or int(m[1]) < 1:
-            raise ValueError(f"--settings: {token!r} must look like GEN/WIDTH, e.g. 128/32")
-        out.append(Setting(int(m[1]), int(m[2])))
-    if not out:
-        raise ValueError("--settings names no setting; e.g. --settings 64/16,128/32")
-    return out
+    from tracelock.cli_common import check_settings
+
+    return [Setting(gen, width) for gen, width in check_settings(text)]
 
 
 def schedule_kind(policy: PolicySpec, schedule: str) -> str:

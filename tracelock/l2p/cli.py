@@ -66,24 +66,33 @@ def _save_encoder(encoder, folder) -> None:
 
 
 def add_parsers(sub):
-    from tracelock.cli_common import add_model_dtype, positive_int
+    from tracelock.cli_common import (
+        add_batch_size,
+        add_device,
+        add_model,
+        add_model_dtype,
+        gen_length_int,
+        positive_int,
+        width_int,
+    )
 
     p = sub.add_parser("train-l2p", help="train a Learn2PD filter (one block size) from a trace store")
     p.add_argument("--traces", required=True, help="trace store (`tracelock collect --block N --out`)")
-    p.add_argument("--model", required=True, help="checkpoint folder of the backbone the traces were decoded with")
-    p.add_argument("--block", type=positive_int, required=True, help="the filter's block size (the traces' block)")
+    add_model(p, extra="the backbone the traces were decoded with")
+    p.add_argument("--block", type=gen_length_int, required=True, metavar="W",
+                   help="the filter's block size (the traces' --block)")
     p.add_argument("--out", required=True, help="filters folder: writes block-N.json/.safetensors into it")
     p.add_argument("--input", choices=["confidence", "hidden"], default="confidence",
                    help="confidence: Learn2PD; hidden: the paper's L2P-Hidden diagnostic (needs --encoder)")
     p.add_argument("--encoder", help="encoder folder of the hidden-state codes (`tracelock fit-encoder --out`; "
                                      "default: none, required with --input hidden)")
-    p.add_argument("--hidden", type=positive_int,
+    p.add_argument("--hidden", type=width_int,
                    help="hidden width (default: the block size, upstream's ~2K parameters)")
     p.add_argument("--epochs", type=positive_int, default=40_000, help="full-batch AdamW steps (upstream: 40000)")
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (upstream: 3e-3)")
     p.add_argument("--val-fraction", type=float, default=0.1, help="share of traces held out for the metrics")
     p.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the split")
-    p.add_argument("--batch-size", type=positive_int, default=8, help="replayed steps per backbone forward")
+    add_batch_size(p, default=8, extra="replayed steps per backbone forward")
     add_model_dtype(p, old=())
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    add_device(p)
     p.set_defaults(func=_train_l2p)

@@ -126,6 +126,22 @@ def _filter_reasons(items, traces, completions, end_ids, config: FilterConfig) -
     return reasons
 
 
+def check_decoding(policy: str, policy_args: dict | None, gen_length: int, block, window) -> None:
+    """The schedule, the policy and its values at this setting, checked without the model (a bad spec failed only
+    after the model had loaded); the messages speak the command line's options."""
+    from tracelock.api import check_named_policy
+    from tracelock.decode.schedule import validate_schedule
+    from tracelock.policies import check_policy
+
+    try:
+        validate_schedule(gen_length, block, window)
+    except ValueError as err:  # its message speaks fused_generate's keywords
+        raise ValueError(str(err).replace("gen_length=", "--gen-length ").replace("block=", "--block ")
+                         .replace("window=", "--window ")) from None
+    check_named_policy(policy, policy_args)
+    check_policy(policy, policy_args, gen_length=gen_length, num_regions=gen_length // block if block else 1)
+
+
 def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=None, window=None,
             policy="confidence", policy_args=None, fraction=1.0, keep_confidence=False, stop_at_eot=False,
             batch_size=16, seed=0, shard_size=64, filters: FilterConfig | None = None, rank=0, world_size=1,
@@ -149,6 +165,9 @@ def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=Non
         block = 8
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
+    check_decoding(policy, policy_args, gen_length, block, window)  # before the folder is made or the model loads
+    if not 0 < fraction <= 1:
+        raise ValueError(f"--fraction {fraction} must lie in (0, 1]: the share of each row's steps to record")
     filters = filters or FilterConfig()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -251,10 +270,22 @@ def run_collect(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    from tracelock.cli_common import POLICY_NAMES, add_alias, add_model_dtype, positive_int
+    from tracelock.cli_common import (
+        MAX_BATCH,
+        MAX_GEN_LENGTH,
+        add_alias,
+        add_batch_size,
+        add_device,
+        add_model,
+        add_model_dtype,
+        add_policy,
+        add_schedule,
+        bounded_int,
+        positive_int,
+    )
 
     p = sub.add_parser("collect", help="decode prompts, filter, store canonical traces (resumable; torchrun-ready)")
-    p.add_argument("--model", required=True, help='checkpoint folder, or "testbed"')
+    add_model(p)
     p.add_argument("--prompts", required=True,
                    help="testbed tasks as `tracelock eval` names them, testbed:math,testbed:code (testbed:math,code "
                         "too; @validation or @test after a name picks that split, default train), or a JSONL file "
@@ -263,24 +294,19 @@ def add_parsers(sub) -> None:
                    help="items per testbed task (required there); the first N lines of a JSONL (default: all)")
     add_alias(p, "--num", "--limit", dest="limit", type=positive_int, metavar="N")
     p.add_argument("--out", required=True, help="store folder (re-running with the same arguments resumes)")
-    p.add_argument("--gen-length", type=positive_int, default=64, help="tokens generated per item")
-    sched = p.add_mutually_exclusive_group()
-    sched.add_argument("--block", type=positive_int, help="semi-AR block length (default 8 when no window is given)")
-    sched.add_argument("--window", type=positive_int, help="soft-crop window width (default: blocks, not a window)")
-    p.add_argument("--policy", default="confidence", metavar="SPEC",
-                   help=f"decoding policy spec name[:key=value...] (default: confidence, one token per step); names: "
-                        f"{', '.join(POLICY_NAMES)}")
-    p.add_argument("--policy-arg", action="append", default=[], metavar="K=V",
-                   help="one more policy keyword argument, repeatable; same as :K=V in --policy (default: none)")
-    p.add_argument("--fraction", type=float, default=1.0, help="share of each row's steps to record")
+    add_schedule(p, gen_length=64, block_default="8 when no --window is given", window_default="blocks, no window")
+    add_policy(p, default="confidence", extra="default: confidence, one token per step")
+    p.add_argument("--fraction", type=float, default=1.0, help="share of each row's steps to record, in (0, 1]")
     p.add_argument("--confidence", action="store_true", help="also store the proposals' confidences (fp16)")
     p.add_argument("--stop-at-eot", action="store_true", help="a committed end token finishes the row")
-    p.add_argument("--batch-size", type=positive_int, default=16, help="items decoded together")
+    add_batch_size(p, default=16)
     p.add_argument("--seed", type=int, default=0, help="seed of the testbed items, decoding and step sampling")
-    p.add_argument("--shard-size", type=positive_int, default=64, help="traces per shard")
-    p.add_argument("--min-tokens", type=int, default=FilterConfig.min_tokens, help="shorter answers are dropped")
+    p.add_argument("--shard-size", type=bounded_int(MAX_BATCH, "traces held before a shard is written"), default=64,
+                   help="traces per shard")
+    p.add_argument("--min-tokens", type=bounded_int(MAX_GEN_LENGTH, "generated positions", minimum=0),
+                   default=FilterConfig.min_tokens, help="shorter answers are dropped")
     p.add_argument("--no-tests", action="store_true", help="do not run code answers against their hidden tests")
     p.add_argument("--no-filters", action="store_true", help="keep every decoded row")
     add_model_dtype(p)
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (under torchrun: cuda:LOCAL_RANK)")
+    add_device(p, torchrun=True)
     p.set_defaults(func=run_collect)

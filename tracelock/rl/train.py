@@ -206,10 +206,10 @@ def _rl(args):
 
 
 def add_parsers(sub):
-    from tracelock.cli_common import add_limit, positive_int
+    from tracelock.cli_common import add_device, add_limit, add_model, bounded_int, gen_length_int, positive_int
 
     p = sub.add_parser("rl", help="refine a controller with group-relative policy gradients (resumable)")
-    p.add_argument("--model", required=True, help='checkpoint folder, or "testbed"')
+    add_model(p)
     p.add_argument("--controller", required=True, help="the supervised (or self-trained) controller run folder")
     p.add_argument("--prompts", required=True, help="training prompts: one testbed task (testbed:math) or a JSONL "
                                                     "file, as `tracelock collect --prompts`")
@@ -219,15 +219,19 @@ def add_parsers(sub):
     p.add_argument("--reward", default="task", help="task (the testbed checker) or model:PATH (a reward model)")
     p.add_argument("--code-penalty", action="store_true", help="the paper's syntax/runtime penalties for code")
     p.add_argument("--steps", type=positive_int, default=100, help="RL steps")
-    p.add_argument("--group-size", type=positive_int, default=4, help="rollouts per prompt, G (at least 2)")
-    p.add_argument("--prompts-per-step", type=positive_int, default=4, help="prompts drawn per step")
+    p.add_argument("--group-size", type=bounded_int(256, "rollouts decoded together"), default=4,
+                   help="rollouts per prompt, G (at least 2)")
+    p.add_argument("--prompts-per-step", type=bounded_int(256, "prompts decoded together"), default=4,
+                   help="prompts drawn per step")
     p.add_argument("--eta", type=float, default=0.5, help="sample threshold on sigmoid(m)")
     p.add_argument("--eps", type=float, default=0.05, help="clip of the rescaled probabilities")
     p.add_argument("--beta", type=float, default=0.01, help="entropy bonus")
     p.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate")
-    p.add_argument("--gen-length", type=positive_int, default=64, help="tokens generated per rollout")
-    p.add_argument("--window", type=positive_int, default=16, help="the controller's soft-crop window")
+    p.add_argument("--gen-length", type=gen_length_int, default=64, metavar="N",
+                   help="tokens generated per prompt (LLaDA's gen_length), per rollout")
+    p.add_argument("--window", type=gen_length_int, default=16, metavar="W",
+                   help="soft-crop window width (TraceLock's schedule) of the controller's rollouts")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt draws and the sampled commits")
     p.add_argument("--save-every", type=positive_int, default=10, help="steps between resumable checkpoints")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    add_device(p)
     p.set_defaults(func=_rl)

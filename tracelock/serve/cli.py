@@ -11,10 +11,9 @@ import socket
 import threading
 from pathlib import Path
 
-from tracelock.cli_common import thread_count
 from tracelock.serve.memory import tune_malloc
 
-DTYPES = ("float32", "bfloat16", "float16")
+DEFAULT_POLICIES = "threshold:tau=0.9"
 # the key clients must send when --api-key is not given (keeps it off the command line, where `ps` shows it)
 API_KEY_ENV = "TRACELOCK_API_KEY"
 
@@ -34,26 +33,58 @@ def _listening_socket(host: str, port: int) -> socket.socket:
 
 
 def _gen_lengths(text: str | None):
+    from tracelock.cli_common import MAX_GEN_LENGTH
+
     if text is None:
         return None
     try:
         lengths = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
         lengths = []
-    if not lengths or min(lengths) < 1:
-        raise ValueError(f"--gen-lengths {text!r} must be comma-separated positive ints, e.g. 64,128,256")
+    if not lengths or min(lengths) < 1 or max(lengths) > MAX_GEN_LENGTH:
+        raise ValueError(f"--gen-lengths {text!r} must be comma-separated ints in 1..{MAX_GEN_LENGTH}, e.g. 64,128,256")
     return lengths
+
+
+def served_policies_text(args) -> tuple[str, str]:
+    """(the allowed policies' specs, the option that gave them): ``--policies`` (a list), or ``--policy`` as before:
+    one spec, or, deprecated, a list (its old meaning)."""
+    from tracelock.cli_common import expand_policy_list, warn_deprecated
+
+    policies, policy = getattr(args, "policies", None), getattr(args, "policy", None)
+    if policies is not None and policy is not None:
+        raise ValueError(f"--policy {policy} and --policies {policies}: give the policies a request may choose once, "
+                         "as --policies SPEC,SPEC (the first is the default)")
+    if policy is not None:
+        try:
+            several = len(expand_policy_list(policy, option="--policy")) > 1
+        except ValueError:
+            several = False  # the error is parse_served_policies's to name
+        if several:
+            warn_deprecated("tracelock serve", "--policy with several policies", f"--policies {policy}")
+        return policy, "--policy"
+    return policies if policies is not None else DEFAULT_POLICIES, "--policies"
 
 
 def serve_config(args, max_positions: int):
     """The `ServeConfig` of the command line (checked before the model loads)."""
+    from tracelock.cli_common import MAX_BATCH, MAX_COUNT, MAX_GEN_LENGTH
     from tracelock.serve.config import ServeConfig, parse_served_policies
 
     if args.default_max_tokens is None:
         args.default_max_tokens = min(128, args.max_tokens)
-    for name in ("max_batch", "max_tokens", "default_max_tokens", "max_engines"):
-        if getattr(args, name) < 1:
+    # bounded before the model loads: each sizes what the server allocates or holds (issue 60)
+    ceilings = dict(max_batch=MAX_BATCH, max_tokens=MAX_GEN_LENGTH, default_max_tokens=MAX_GEN_LENGTH,
+                    max_engines=1024, max_waiting=MAX_COUNT)
+    for name, most in ceilings.items():
+        if getattr(args, name) < 1 and name != "max_waiting":
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1")
+        if getattr(args, name) > most:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} is more than {most:,}; pass at most "
+                             f"{most}")
+    if args.max_tokens >= max_positions:
+        raise ValueError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in the model's {max_positions} "
+                         f"positions; pass at most {max_positions - 1} less the prompts' tokens")
     if args.max_waiting < 0:
         raise ValueError(f"--max-waiting {args.max_waiting} must be >= 0 (0: refuse every request beyond "
                          "--max-batch)")
@@ -62,7 +93,11 @@ def serve_config(args, max_positions: int):
     if args.default_max_tokens > args.max_tokens:
         raise ValueError(f"--default-max-tokens {args.default_max_tokens} exceeds --max-tokens {args.max_tokens}")
     block = args.block if args.block or args.window else 32
-    policies = parse_served_policies(args.policy, block=block, window=args.window, cache=args.cache)
+    text, option = served_policies_text(args)
+    try:
+        policies = parse_served_policies(text, block=block, window=args.window, cache=args.cache)
+    except ValueError as err:  # its messages name --policy
+        raise ValueError(str(err).replace("--policy", option, 1)) from None
     name = args.served_model_name or Path(str(args.model)).name
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise ValueError("--served-model-name is empty; give the model id clients send, e.g. LLaDA-8B-Instruct")
@@ -163,31 +198,46 @@ def run_serve(args) -> int:
 
 
 def add_parsers(sub) -> None:
+    from tracelock.cli_common import (
+        add_device,
+        add_model,
+        add_model_dtype,
+        bounded_int,
+        gen_length_int,
+        option_help,
+    )
+
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching at step granularity")
-    p.add_argument("--model", required=True, help='checkpoint folder, or "testbed" (the bundled model)')
+    add_model(p)
     p.add_argument("--served-model-name", help="the model id clients send and /v1/models lists (default: the folder's "
                                                "name, or testbed)")
     p.add_argument("--api-key", help="require this key on /v1/* (Authorization: Bearer KEY, the openai client's "
                                      "api_key); other requests get a 401. /health and /metrics stay open (default: "
                                      f"${API_KEY_ENV}, else no key)")
-    p.add_argument("--policy", default="threshold:tau=0.9",
-                   help="comma-separated policies a request may choose (its \"policy\" field), the first the default; "
-                        "name[:key=value...] as `tracelock eval --policies`, plus block=N / window=N / cache=... "
-                        "per policy (default: threshold:tau=0.9)")
+    p.add_argument("--policies", metavar="SPEC,SPEC",
+                   help=option_help("--policies", "the policies a request may choose (its \"policy\" field), the "
+                                                  "first the default; block=N / window=N / cache=... in a spec set "
+                                                  "its schedule") + f" (default: {DEFAULT_POLICIES})")
+    p.add_argument("--policy", metavar="SPEC",
+                   help="the one policy requests get; the same as --policies SPEC (a list here is the old spelling of "
+                        f"--policies, deprecated; default: --policies {DEFAULT_POLICIES})")
     p.add_argument("--controller", help="a `tracelock train --out` folder, for the tracelock policy (default: none)")
     p.add_argument("--l2p", help="a `tracelock train-l2p --out` folder, for the l2p policies (default: none)")
     sched = p.add_mutually_exclusive_group()
-    sched.add_argument("--block", type=int, help="semi-AR block length; max_tokens is rounded up to a multiple "
-                                                 "(default 32 when neither --block nor --window is given)")
-    sched.add_argument("--window", type=int, help="soft-crop window width; max_tokens is rounded up to a multiple "
-                                                  "(default: none, blocks)")
+    sched.add_argument("--block", type=gen_length_int, metavar="W",
+                       help=f"{option_help('--block')}; max_tokens is rounded up to a multiple (default 32 when "
+                            "neither --block nor --window is given)")
+    sched.add_argument("--window", type=gen_length_int, metavar="W",
+                       help=f"{option_help('--window')}; max_tokens is rounded up to a multiple (default: none, "
+                            "blocks)")
     p.add_argument("--cache", choices=["prefix", "dual"], help="approximate KV cache (default: none)")
     p.add_argument("--max-batch", type=int, default=16,
                    help="rows decoding at once over every decode setting together; more requests wait (default 16)")
-    p.add_argument("--max-tokens", type=int, default=256, help="the largest max_tokens a request may ask (default 256)")
+    p.add_argument("--max-tokens", type=int, default=256,
+                   help="the largest max_tokens a request may ask (default 256)")
     p.add_argument("--default-max-tokens", type=int,
                    help="max_tokens of a request that sends none (default: 128, or --max-tokens if lower)")
-    p.add_argument("--gen-lengths",
+    p.add_argument("--gen-lengths", metavar="N,N,...",
                    help="comma-separated generation lengths engines run, e.g. 64,256: a request's max_tokens maps to "
                         "the shortest that holds it (default: max_tokens rounded up to a multiple of the block / "
                         "window). Fewer lengths, fuller batches")
@@ -200,15 +250,15 @@ def add_parsers(sub) -> None:
     p.add_argument("--drain-timeout", type=float, default=60.0,
                    help="on SIGTERM / Ctrl-C, seconds the requests in the server get to finish before they are "
                         "cancelled (default 60)")
-    p.add_argument("--model-dtype", default="float32", choices=DTYPES, help="backbone dtype (default float32)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
+    add_model_dtype(p, old=())
+    add_device(p)
     p.add_argument("--compile", nargs="?", const="inductor", choices=["inductor", "cudagraphs"],
                    help="compile the decode steps: inductor (torch.compile; with CUDA graphs on CUDA) or cudagraphs "
                         "(CUDA only: the eager steps captured as CUDA graphs, no compile time); the first requests of "
                         "each setting and row count wait for it (default: eager; --compile alone: inductor)")
-    p.add_argument("--threads", type=thread_count, help="torch threads of the decode thread (default: torch's)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default 8000)")
+    p.add_argument("--port", type=bounded_int(65535, "TCP ports", minimum=0), default=8000,
+                   help="port to listen on; 0 picks a free one (default 8000)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default warning)")
     p.set_defaults(func=run_serve)

@@ -97,7 +97,7 @@ def _run(args):
 
 
 def add_parsers(sub):
-    from tracelock.cli_common import add_limit, positive_int, thread_count
+    from tracelock.cli_common import add_limit, option_help, positive_int, thread_count
 
     p = sub.add_parser("testbed-ar-calibration",
                        help="train the testbed backbone autoregressively and score it (a yardstick for testbed-train)")
@@ -106,10 +106,11 @@ def add_parsers(sub):
     p.add_argument("--split", choices=["validation", "test"], default="validation", help="split of the scored items")
     defaults = TrainConfig(out="")
     # the same types as testbed-train's options: a count below 1 or a thread count past the machine is refused here
-    types = dict(seed=int, warmup=int, threads=thread_count)
-    for name in ("seed", "steps", "batch_size", "d_model", "n_layers", "n_heads", "mlp", "threads", "vocab_size",
+    types = dict(seed=int, warmup=int)
+    for name in ("seed", "steps", "batch_size", "d_model", "n_layers", "n_heads", "mlp", "vocab_size",
                  "tokenizer_corpus", "warmup"):
         p.add_argument("--" + name.replace("_", "-"), type=types.get(name, positive_int), default=None,
                        help=f"default {getattr(defaults, name)}")
+    p.add_argument("--threads", type=thread_count, default=None, metavar="N", help=option_help("--threads"))
     p.add_argument("--lr", type=float, default=None, help=f"default {defaults.lr}")
     p.set_defaults(func=_run)

@@ -7,7 +7,7 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from tracelock.atomic import atomic_write, atomic_write_json
-from tracelock.cli_common import POLICY_NAMES, parse_policy_spec, testbed_task_names, warn_deprecated
+from tracelock.cli_common import POLICY_NAMES, expand_policy_list, spec_value, testbed_task_names, warn_deprecated
 from tracelock.models import load_model, load_tokenizer
 from tracelock.progress import progress_bar, status
 from tracelock.testbed.evaluate import (
@@ -83,19 +83,20 @@ def _chosen_policies(policies: list, wanted) -> list:
     if not wanted:
         return policies
     labels = {label for label, _, _ in policies}
-    chosen, extra = set(), []
+    chosen, extra, specs = set(), [], []
     for token in (t.strip() for t in wanted.split(",")):
-        if not token:
-            continue
         if token in labels:
             name, args = next((n, a) for label, n, a in policies if label == token)
             warn_deprecated("tracelock testbed-eval", f"--policies {token!r}", f"--policies {_spec(name, args)}")
             chosen.add(token)
-            continue
-        name, args = parse_policy_spec(token)
-        if name not in POLICY_NAMES:
-            raise ValueError(f"--policies: {token!r} is neither a policy spec (names: {', '.join(POLICY_NAMES)}) nor "
-                             f"a row of the table ({', '.join(repr(label) for label in labels)})")
+        elif token:
+            specs.append(token)
+    try:
+        expanded = expand_policy_list(",".join(specs), names=POLICY_NAMES) if specs else []
+    except ValueError as err:
+        raise ValueError(f"{err} (nor a row of the table: {', '.join(repr(label) for label in labels)})") from None
+    for token, name, pairs in expanded:
+        args = {k: spec_value(v) for k, v in pairs}
         match = next((label for label, n, a in policies if (n, a) == (name, args)), None)
         if match is not None:
             chosen.add(match)

@@ -153,11 +153,11 @@ def _run(args):
 
 
 def add_parsers(sub):
-    from tracelock.cli_common import add_limit, output_file
+    from tracelock.cli_common import add_limit, add_model, output_file
 
     p = sub.add_parser("testbed-probe", help="per-token-class accuracy of a testbed model with one answer token "
                                              "masked (which skills it lacks); JSON on stdout")
-    p.add_argument("--model", default="testbed", help="checkpoint folder (default: the bundled testbed model)")
+    add_model(p, default="testbed")
     add_limit(p, default=60, help="held-out math items", old=("--n",))
     p.add_argument("--split", choices=["validation", "test"], default="test", help="split of the items")
     p.add_argument("--out", type=output_file, help="also write the JSON here (default: stdout only)")

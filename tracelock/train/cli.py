@@ -33,6 +33,8 @@ PRESETS = {
 
 
 def add_parsers(sub):
+    from tracelock.cli_common import bounded_int
+
     p = sub.add_parser("train", help="train the TraceLock controller on a feature cache (DDP under torchrun)")
     p.add_argument("--cache", required=True, help="feature cache folder (`tracelock featurize`)")
     p.add_argument("--out", required=True, help="run folder: best.safetensors/.json, metrics.json, state")
@@ -44,8 +46,12 @@ def add_parsers(sub):
                    help="paper (default): the paper's controller and schedule; testbed: the recipe chosen for the "
                         "bundled models (width 64, 2 layers, confidence input, 2000 steps, batch 32, commit rule "
                         "hold-end); options given explicitly override it")
+    from tracelock.cli_common import add_device, batch_int, positive_int, width_int
+
+    sized = {"batch-size": batch_int, "width": width_int, "ffn": width_int, "layers": bounded_int(256, "layers"),
+             "heads": bounded_int(1024, "heads"), "steps": positive_int, "eval-every": positive_int}
     for name, kind, default in DEFAULTS:
-        p.add_argument("--" + name, type=kind, default=None, help=f"default {default}")
+        p.add_argument("--" + name, type=sized.get(name, kind), default=None, help=f"default {default}")
     p.add_argument("--features", choices=["last", "deltas", "hidden", "all"], default=None,
                    help="code groups the controller reads: h3 / two deltas / three hidden / all five (default)")
     p.add_argument("--confidence-input", action="store_true", default=None,
@@ -61,5 +67,5 @@ def add_parsers(sub):
                    help="the commit rule the controller deploys with: paper (the paper's), hold-end (an end-of-text "
                         "proposal waits for the text left of it; when no slot clears theta the backbone's most "
                         "certain slot commits); default: paper, a warm start keeps its checkpoint's")
-    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    add_device(p, default=None, extra="default: cuda when available, else cpu")
     p.set_defaults(func=_train)

@@ -84,11 +84,18 @@ def _self_train(args):
 
 
 def add_parsers(sub):
-    from tracelock.cli_common import add_limit, positive_int
+    from tracelock.cli_common import (
+        add_device,
+        add_limit,
+        add_model,
+        batch_int,
+        gen_length_int,
+        positive_int,
+    )
 
     p = sub.add_parser("self-train", help="deployment-aware self-training: on-policy traces, mixed with the "
                                           "original pool, warm-started training")
-    p.add_argument("--model", required=True, help='checkpoint folder, or "testbed"')
+    add_model(p)
     p.add_argument("--controller", required=True, help="the supervised controller (`tracelock train --out`)")
     p.add_argument("--cache", required=True, help="the feature cache it was trained on (the original pool, kept)")
     p.add_argument("--prompts", required=True, help="new prompts: testbed tasks (testbed:math,testbed:code) or a "
@@ -96,19 +103,22 @@ def add_parsers(sub):
     add_limit(p, help="items per testbed task (required there); the first N lines of a JSONL (default: all)",
               old=("--num",))
     p.add_argument("--out", required=True, help="folder for traces/, cache/ and controller/ (re-running resumes)")
-    p.add_argument("--gen-length", type=positive_int, default=64, help="tokens generated per item")
+    p.add_argument("--gen-length", type=gen_length_int, default=64, metavar="N",
+                   help="tokens generated per item (LLaDA's gen_length)")
     sched = p.add_mutually_exclusive_group()
-    sched.add_argument("--window", type=positive_int, help="decoding window while collecting (default 16)")
-    sched.add_argument("--block", type=positive_int, help="semi-AR blocks while collecting instead (default: the "
-                                                          "window)")
+    sched.add_argument("--window", type=gen_length_int, metavar="W",
+                       help="soft-crop window width (TraceLock's schedule) while collecting (default 16)")
+    sched.add_argument("--block", type=gen_length_int, metavar="W",
+                       help="semi-AR block length, divides --gen-length (LLaDA's block_length), while collecting "
+                            "instead (default: the window)")
     p.add_argument("--theta", type=float, default=0.97, help="commit threshold while collecting (deployed: 0.95)")
     p.add_argument("--alpha", type=float, default=0.5, help="share of the new traces in the training mix")
     p.add_argument("--steps", type=positive_int, default=1000, help="training steps (paper: 1000)")
-    p.add_argument("--batch-size", type=positive_int, default=32, help="training batch")
+    p.add_argument("--batch-size", type=batch_int, default=32, help="training batch")
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
     p.add_argument("--eval-every", type=positive_int, help="validation every N steps (default steps // 4)")
     p.add_argument("--seed", type=int, default=1, help="seed of the testbed sample (the original pool used 0)")
-    p.add_argument("--decode-batch-size", type=positive_int, default=16, help="items decoded together while "
-                                                                              "collecting")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    p.add_argument("--decode-batch-size", type=batch_int, default=16, help="items decoded together while "
+                                                                           "collecting")
+    add_device(p)
     p.set_defaults(func=_self_train)
