@@ -161,16 +161,18 @@ def test_every_command_runs_or_names_the_bad_option(data):
     errors = [line for line in stderr.split("\n") if "error:" in line]
     assert errors, f"exit {status} without an error line: {stderr!r}"
     last = errors[-1]
+    start = re.search(r"tracelock[\w -]*: error: ", last)  # after a progress bar's carriage returns, if any
+    fuzzing.assert_safe_echo(last[start.start():] if start else last)  # a value it names is escaped, not raw
     own = re.search(r"tracelock [\w-]+: error: (.*)", last)
     if own:  # tracelock's own line (argparse's names its option itself): names an option or the value
         message = own[1]
         options = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--")]
         # the option as given, or as the keyword it becomes (device='' names --device); a value given
         values = [a for a in argv[1:] if len(a) >= 3] + [a.split("=", 1)[1] for a in argv[1:] if "=" in a]
-        given_ = [v for v in values if v] + options + [o[2:].replace("-", "_") for o in options]
-        # a value named first ("0\r holds no encoder ...") counts however short it is
-        named = [g for g in given_ if g in message] + [v for v in argv[1:] if f"'{v}'" in message] + \
-            [v for v in argv[1:] if v and message.startswith(v + " ")]
+        given_ = [fuzzing.echoed(v) for v in values if v] + options + [o[2:].replace("-", "_") for o in options]
+        # a value named first ("0\\r holds no encoder ...", escaped) counts however short it is
+        named = [g for g in given_ if g in message] + [v for v in argv[1:] if repr(v) in message] + \
+            [v for v in argv[1:] if v and message.startswith(fuzzing.echoed(v) + " ")]
         # argparse's own "the following arguments are required: run" names a positional argument the input lacks
         required = "the following arguments are required:" in message
         assert named or required or re.search(r"--[a-z]", message), \
