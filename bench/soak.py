@@ -340,21 +340,34 @@ def settle(base: str, timeout: float = 60) -> dict:
 def run_round(jobs: list, clients: int, client: Client, base: str, expected: dict, pid: int) -> dict:
     """Send every job from ``clients`` clients; check them and the server's counters; the figures."""
     before = server_counters(base)
+    load_before = os.getloadavg()
     start = time.perf_counter()
     timeline, stop = [(0.0, rss_bytes(pid))], threading.Event()
+    # the server's RSS by requests done: at every 40th of the round, and at its half (the second half's growth)
+    by_requests, finished, lock = [(0, timeline[0][1])], [0], threading.Lock()
+    every = max(1, len(jobs) // 40)
 
     def watch():  # the server's resident memory, twice a second
         while not stop.wait(0.5):
             timeline.append((time.perf_counter() - start, rss_bytes(pid)))
 
+    def run(job):
+        job = client.run(job)
+        with lock:
+            finished[0] += 1
+            if finished[0] % every == 0 or finished[0] == len(jobs) // 2:
+                by_requests.append((finished[0], rss_bytes(pid)))
+        return job
+
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     with ThreadPoolExecutor(clients) as pool:  # C threads pulling jobs: C closed-loop clients
-        done = list(pool.map(client.run, jobs))
+        done = list(pool.map(run, jobs))
     wall = time.perf_counter() - start
     after = settle(base)
     stop.set()
     watcher.join()
+    rss_end = rss_bytes(pid)
     for job in done:
         check(job, expected)
     seen = Counter(i for job in done for i in response_ids(job))
@@ -394,9 +407,13 @@ def run_round(jobs: list, clients: int, client: Client, base: str, expected: dic
         equal_to_offline=len(valid), requests_per_second=len(done) / wall, completion_tokens=tokens,
         tokens_per_second=tokens / wall, latency_p50=percentile(latencies, 50), latency_p99=percentile(latencies, 99),
         ttft_p50=percentile(ttft, 50), ttft_p99=percentile(ttft, 99),
-        rss_start=timeline[0][1], rss_peak=max(r for _, r in timeline), rss_end=rss_bytes(pid),
+        rss_start=timeline[0][1], rss_peak=max(r for _, r in timeline), rss_end=rss_end,
+        rss_half=dict(by_requests).get(len(jobs) // 2, rss_end),  # after half the round's requests were answered
         rss_timeline=timeline[::max(1, len(timeline) // 40)],  # about 40 (seconds, bytes) points
+        rss_by_requests=sorted(by_requests),  # (requests answered, bytes)
+        load_average=dict(start=load_before, end=os.getloadavg()),  # the machine's 1 / 5 / 15-minute load
         engines=(before["tracelock_engines"], after["tracelock_engines"]),
+        engines_built=after.get("tracelock_engines_built_total", 0) - before.get("tracelock_engines_built_total", 0),
         decode_steps=after["tracelock_decode_steps_total"] - before["tracelock_decode_steps_total"],
         rows_per_step=(after["tracelock_row_steps_total"] - before["tracelock_row_steps_total"])
         / max(1, after["tracelock_decode_steps_total"] - before["tracelock_decode_steps_total"]))
@@ -434,6 +451,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-rss-growth", type=float,
                    help="also fail when the server's RSS grows more than this share over the soak round, e.g. 0.05 "
                         "(default: report it only)")
+    p.add_argument("--max-rss-growth-second-half", type=float,
+                   help="also fail when the server's RSS grows more than this share over the second half of the soak "
+                        "round's requests, e.g. 0.01: whether it levelled off (default: report it only)")
     p.add_argument("--server-args", default=SERVER, help=f"tracelock serve's other options (default: {SERVER})")
     p.add_argument("--out", help="JSON file for the figures (default: print only)")
     args = p.parse_args(argv)
@@ -471,10 +491,15 @@ def main(argv=None) -> int:
         exit_code = served.proc.wait(timeout=120)
     soak = rounds["soak"]
     growth = soak["rss_end"] / soak["rss_start"] - 1
+    second_half = soak["rss_end"] / soak["rss_half"] - 1
     ok = all(passed(r) for r in rounds.values()) and exit_code == 0
     if args.max_rss_growth is not None and growth > args.max_rss_growth:
         print(f"the server's RSS grew {growth:.1%} over the soak, more than --max-rss-growth {args.max_rss_growth}",
               file=sys.stderr)
+        ok = False
+    if args.max_rss_growth_second_half is not None and second_half > args.max_rss_growth_second_half:
+        print(f"the server's RSS grew {second_half:.1%} over the soak's second half, more than "
+              f"--max-rss-growth-second-half {args.max_rss_growth_second_half}", file=sys.stderr)
         ok = False
     mib = 1 << 20
     print(f"tracelock serve {' '.join(server_args)}\n{platform.processor() or platform.machine()}, "
@@ -495,14 +520,18 @@ def main(argv=None) -> int:
         for problem in r["counter_problems"] + [f"request {w['id']} ({w['kind']}): {w['problems'][0]}"
                                                 for w in r["wrong"]]:
             print(f"  {name}: {problem}", file=sys.stderr)
-    print(f"\nserver RSS: {rss_cold / mib:.0f} MiB after start, soak {growth:+.1%} from its start to its end; "
-          f"server exit status after SIGTERM: {exit_code}")
+    load = soak["load_average"]
+    print(f"\nserver RSS: {rss_cold / mib:.0f} MiB after start, soak {growth:+.1%} from its start to its end, "
+          f"{second_half:+.2%} over its second half ({soak['rss_half'] / mib:.1f} to {soak['rss_end'] / mib:.1f} MiB); "
+          f"engines built in the soak: {soak['engines_built']:.0f}; load average {load['start'][0]:.1f} at its start, "
+          f"{load['end'][0]:.1f} at its end; server exit status after SIGTERM: {exit_code}")
     if args.out:
         from tracelock.atomic import atomic_write_json
 
         atomic_write_json(Path(args.out), dict(
             command="python bench/soak.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
-            server_args=server_args, rounds=rounds, rss_cold=rss_cold, rss_growth=growth, exit_code=exit_code,
+            server_args=server_args, rounds=rounds, rss_cold=rss_cold, rss_growth=growth,
+            rss_growth_second_half=second_half, exit_code=exit_code,
             offline_seconds=offline_seconds, passed=ok,
             machine=dict(processor=platform.processor(), cores=os.cpu_count(), torch=torch.__version__,
                          python=platform.python_version()),
