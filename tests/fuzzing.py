@@ -2,7 +2,8 @@
 what counts as a clear rejection.
 
 CI runs a bounded number of inputs per test (each test's ``ci`` count, seeded: the same inputs every run);
-``TRACELOCK_FUZZ_EXAMPLES=N`` runs N per test instead (docs/faults.md has the long run's command and figures).
+``TRACELOCK_FUZZ_EXAMPLES=N`` runs N per test instead (docs/faults.md has the long run's command and figures), each
+input in a process of its own under a wall-clock limit (`bounded`, `isolated`), so a hang inside C code fails too.
 A rejection is clear when it is a ValueError or TypeError (or a RuntimeError, as tracelock raises for a backend
 that cannot run here) whose message is one line naming the argument at fault; anything else (an IndexError from
 inside torch, a message that names no argument, a hang) fails the test with the input that caused it. And a rejection
@@ -11,9 +12,14 @@ holds a carriage return or an escape sequence cannot rewrite the user's terminal
 """
 
 import contextlib
+import faulthandler
 import os
+import pickle
 import re
+import select
 import signal
+import tempfile
+import time
 import unicodedata
 
 from hypothesis import HealthCheck, settings
@@ -73,3 +79,96 @@ def time_limit(seconds: int, what: str):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+# ---- the long run: each input in a process of its own ----------------------------------------------------------
+# An alarm (`time_limit`) raises only when Python code runs again: an input that hangs inside C code (the tokenizers
+# library, torch's allocator) held the in-process run past any limit. In the long run (TRACELOCK_FUZZ_EXAMPLES, or
+# TRACELOCK_FUZZ_ISOLATE=1) each input runs in a fork of the test process instead, under a wall-clock limit: a child
+# still running at its limit is killed with everything it started and fails the test as a hang, one that dies of a
+# signal (an abort inside a library) as a crash, each with its input (hypothesis prints it). CI keeps the bounded
+# in-process run: a fork per input costs little, but the alarm is enough for its inputs.
+ISOLATED = os.environ.get("TRACELOCK_FUZZ_ISOLATE", "1" if LONG_RUN else "0") == "1"
+
+
+def bounded(fn, seconds: int, what: str):
+    """``fn()`` under a time limit: in this process (`time_limit`) in CI, in a child of its own (`isolated`) in the
+    long run; its value, or the exception it raised."""
+    if ISOLATED:
+        return isolated(fn, seconds, what)
+    with time_limit(seconds, what):
+        return fn()
+
+
+def _portable(err: BaseException) -> BaseException:
+    """``err``, or (when it does not survive pickling) the nearest built-in exception class with its message."""
+    try:
+        pickle.loads(pickle.dumps(err))
+        return err
+    except Exception:
+        builtin = next(c for c in type(err).__mro__ if c.__module__ == "builtins")
+        return builtin(str(err))
+
+
+def isolated(fn, seconds: float, what: str):
+    """``fn()`` in a fork of this process, killed (its process group with it) when it runs ``seconds`` of wall clock;
+    returns its value or raises the exception it raised (pickled across). A child killed at the limit, or ended by a
+    signal, fails with AssertionError saying which, and what the child wrote to its stdout and stderr at the file
+    descriptor level (a C library's own message)."""
+    read_end, write_end = os.pipe()
+    output = tempfile.TemporaryFile()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the test run
+        try:
+            os.setpgid(0, 0)  # a group of its own: what it starts is killed with it
+            os.close(read_end)
+            os.dup2(output.fileno(), 1)
+            os.dup2(output.fileno(), 2)
+            if faulthandler.is_enabled():  # pytest's writes to its own copy of stderr: a crash's stack goes here
+                faulthandler.enable(file=2)
+            try:
+                value = fn()
+            except BaseException as err:  # noqa: BLE001 -- every exception goes back to the parent
+                outcome = pickle.dumps(("raised", _portable(err)))
+            else:
+                try:
+                    outcome = pickle.dumps(("value", value))
+                except Exception as err:
+                    outcome = pickle.dumps(("raised", TypeError(f"{what}: its value does not pickle: {err}")))
+            with os.fdopen(write_end, "wb") as pipe:
+                pipe.write(outcome)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with contextlib.suppress(OSError):  # the child may have done it first, or already be gone
+        os.setpgid(pid, pid)
+    chunks, deadline, killed = [], time.monotonic() + seconds, False
+    with os.fdopen(read_end, "rb") as pipe:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([pipe], [], [], left)[0]:
+                killed = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                break
+            chunk = os.read(pipe.fileno(), 1 << 20)
+            if not chunk:  # the child closed its end: done (or gone)
+                break
+            chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    output.seek(0)
+    written = output.read().decode(errors="replace")
+    if len(written) > 4000:  # a library's message first, a stack dump last
+        written = f"{written[:2000]} ... {written[-2000:]}"
+    output.close()
+    if killed:
+        raise AssertionError(f"{what} ran for more than {seconds} s (wall clock) in a process of its own and was "
+                             f"killed: a hang. Its output: {written!r}")
+    if os.WIFSIGNALED(status) or not chunks:
+        how = (f"was ended by {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status)
+               else f"exited with status {os.waitstatus_to_exitcode(status)} before answering")
+        raise AssertionError(f"{what} {how} in a process of its own: a crash. Its output: {written!r}")
+    kind, value = pickle.loads(b"".join(chunks))
+    if kind == "raised":
+        raise value
+    return value

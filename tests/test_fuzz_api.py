@@ -19,7 +19,7 @@ from tracelock.cli_common import POLICY_NAMES
 _spec = importlib.util.spec_from_file_location("fuzzing", Path(__file__).with_name("fuzzing.py"))
 fuzzing = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fuzzing)
-assert_clear, fuzz_settings, time_limit = fuzzing.assert_clear, fuzzing.fuzz_settings, fuzzing.time_limit
+assert_clear, fuzz_settings, bounded = fuzzing.assert_clear, fuzzing.fuzz_settings, fuzzing.bounded
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -133,8 +133,7 @@ def test_fused_generate_decodes_or_names_the_argument(tiny, data):
     ids = data.draw(input_ids(spec.vocab_size, spec.mask_id), label="input_ids")
     kwargs = data.draw(decode_kwargs(spec.vocab_size, spec.mask_id), label="kwargs")
     try:
-        with time_limit(120, "fused_generate"):
-            tokens, stats = tracelock.fused_generate(tiny, ids, **kwargs)
+        tokens, stats = bounded(lambda: tracelock.fused_generate(tiny, ids, **kwargs), 120, "fused_generate")
     except Exception as err:
         assert_clear(err, names_of(kwargs))
         return
@@ -159,8 +158,8 @@ def test_generate_many_decodes_or_names_the_argument(tiny, data):
     kwargs = data.draw(decode_kwargs(spec.vocab_size, spec.mask_id), label="kwargs")
     kwargs.pop("attention_mask", None)  # generate_many pads its own batches
     try:
-        with time_limit(120, "generate_many"):
-            rows, stats = tracelock.generate_many(tiny, ids, batch_size=batch_size, **kwargs)
+        rows, stats = bounded(lambda: tracelock.generate_many(tiny, ids, batch_size=batch_size, **kwargs), 120,
+                              "generate_many")
     except Exception as err:
         assert_clear(err, names_of(kwargs))
         return

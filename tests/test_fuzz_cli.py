@@ -4,7 +4,9 @@ that does not exist, an empty folder or a file of garbage). A command either run
 what is fuzzed is how options are refused, not the jobs) or stops with a clear error: argparse's usage error or
 tracelock's one line ``tracelock CMD: error: ...`` naming an option it was given or the value at fault; never a
 traceback. `tracelock serve`'s options are checked up to its server (`serve_config`), which would otherwise run
-until stopped; `lm-eval` hands its arguments to lm-evaluation-harness untouched and is left out."""
+until stopped; `lm-eval` hands its arguments to lm-evaluation-harness untouched and is left out. In the long run
+(``TRACELOCK_FUZZ_EXAMPLES``) each command runs in a fork of its own (tests/fuzzing.py, `isolated`): one that does
+not stop within STOP_SECONDS of its stop signal (inside C code), or that dies of a signal, fails with its options."""
 
 import argparse
 import contextlib
@@ -12,6 +14,7 @@ import importlib.util
 import io
 import os
 import re
+import shlex
 import signal
 import tempfile
 from pathlib import Path
@@ -32,6 +35,9 @@ _spec.loader.exec_module(fuzzing)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 RUN_SECONDS = 8  # a command still running after this accepted its options
+# the long run (fuzzing.ISOLATED): a command in a process of its own that has not stopped this long after its stop
+# signal is a hang (inside C code, where the signal cannot reach Python), killed and failed with its options
+STOP_SECONDS = 60
 # import what the commands import lazily now: a command stopped in the middle of an import would leave a half-made
 # module behind for the next one (an ImportError of the harness, not of the command)
 tracelock.load_tokenizer("testbed")
@@ -150,7 +156,11 @@ def test_every_command_runs_or_names_the_bad_option(data):
         cwd = os.getcwd()
         os.chdir(folder)  # a relative --out ("1", "", ...) lands in the scratch folder, not in the checkout
         try:
-            status, stderr = serve_options(argv) if command == "serve" else run(argv)
+            check = (lambda: serve_options(argv)) if command == "serve" else (lambda: run(argv))
+            if fuzzing.ISOLATED:
+                status, stderr = fuzzing.isolated(check, RUN_SECONDS + STOP_SECONDS, f"tracelock {shlex.join(argv)}")
+            else:
+                status, stderr = check()
         finally:
             os.chdir(cwd)
     assert "Traceback" not in stderr, stderr

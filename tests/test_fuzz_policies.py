@@ -69,14 +69,15 @@ def test_eval_policy_specs_parse_build_and_decode_or_name_the_key(tiny, text):
     for spec in specs:
         if spec.name == "oracle":  # it replays another policy's tokens: built by the runner, not here
             continue
+        def decode(spec=spec):
+            policy = build_policy(spec, tiny)
+            schedule = spec.args.get("schedule", "block")
+            width = {"block": dict(block=4), "window": dict(window=4), "full": {}}.get(schedule, dict(block=4))
+            cache = {k: spec.args[k] for k in ("cache", "refresh_every", "refresh_shift") if k in spec.args}
+            return tracelock.fused_generate(tiny, [[5, 6, 7]], policy=policy, gen_length=8, **width, **cache)
+
         try:
-            with fuzzing.time_limit(120, f"policy {text!r}"):
-                policy = build_policy(spec, tiny)
-                schedule = spec.args.get("schedule", "block")
-                width = {"block": dict(block=4), "window": dict(window=4), "full": {}}.get(schedule, dict(block=4))
-                cache = {k: spec.args[k] for k in ("cache", "refresh_every", "refresh_shift") if k in spec.args}
-                tokens, _ = tracelock.fused_generate(tiny, [[5, 6, 7]], policy=policy, gen_length=8, **width,
-                                                     **cache)
+            tokens, _ = fuzzing.bounded(decode, 120, f"policy {text!r}")
         except Exception as err:
             fuzzing.assert_clear(err, blame(text))
             continue
