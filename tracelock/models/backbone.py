@@ -432,8 +432,8 @@ class DiffusionBackbone(nn.Module):
                 taps.append(_layer_output(h, delta, tap_positions))
         logits = hidden = stats = None
         if return_logits or return_hidden or head_op is not None:
-            normed, _ = _add_norm(kernels, _gather_rows(h, logit_positions), _gather_rows(delta, logit_positions),
-                                  self.norm)
+            # the final norm as its module, on the gathered rows only (a few: no kernel needed; hooks on it still fire)
+            normed = self.norm(_layer_output(h, delta, logit_positions))
             logits = self.lm_head(normed) if return_logits else None
             hidden = normed if return_hidden else None
             if head_op is not None:
@@ -442,8 +442,7 @@ class DiffusionBackbone(nn.Module):
                                                                self.spec.eos_id))
         tap_inputs = None
         if return_taps:
-            taps.append(_add_norm(kernels, _gather_rows(h, tap_positions), _gather_rows(delta, tap_positions),
-                                  self.norm)[0])
+            taps.append(self.norm(_layer_output(h, delta, tap_positions)))
             if tap_op is not None:
                 T, D = taps[0].shape[1:]
                 tap_inputs = tap_op(*(t.reshape(B * T, D) for t in taps)).reshape(B, T, -1)
