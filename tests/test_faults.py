@@ -138,7 +138,7 @@ JOBS = {
                                 "--controller", w.controller, "--batch-size", "2", "--workers", "1", "--out", out],
                 _eval_folder),
     "paper-tables": Job(lambda w, out: ["paper-tables", "--model", w.model, "--controller", w.controller, "--tasks",
-                                        "testbed:math", "--lengths", "8", "--widths", "4", "--limit", "2",
+                                        "testbed:math", "--gen-lengths", "8", "--widths", "4", "--limit", "2",
                                         "--batch-size", "2", "--workers", "1", "--out", out],
                         lambda r, g: dict(_eval_folder(r / "testbed-math", g / "testbed-math"),
                                           bytes=faults.same_bytes(r, g, ["tables.md"]))),

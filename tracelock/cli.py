@@ -91,7 +91,8 @@ def _add_demo(sub):
     p = sub.add_parser("demo", help="decode held-out testbed items with every heuristic baseline; print the table")
     add_model(p, default="testbed")
     p.add_argument("--tasks", default="testbed:math,testbed:code",
-                   help="testbed tasks, comma-separated: testbed:math, testbed:code (math,code also accepted)")
+                   help=option_help("--tasks", "this command runs the testbed's, testbed:math and testbed:code "
+                                               "(math,code also accepted)"))
     add_limit(p, default=16, help="held-out items per task", old=("--n",))
     add_schedule(p, gen_length=64, block_default="16 when no --window is given", window_default="blocks, no window")
     add_batch_size(p, default=16)
@@ -118,7 +119,8 @@ def _add_testbed_eval(sub):
     p = sub.add_parser("testbed-eval", help="quality-vs-steps tables on held-out testbed items, JSON out")
     add_model(p, default="testbed")
     p.add_argument("--tasks", default="testbed:math,testbed:code",
-                   help="testbed tasks, comma-separated: testbed:math, testbed:code (math,code also accepted)")
+                   help=option_help("--tasks", "this command runs the testbed's, testbed:math and testbed:code "
+                                               "(math,code also accepted)"))
     add_limit(p, default=300, help="held-out items per task, drawn at random from the test split's pool of 2000",
               old=("--n",))
     add_settings(p, default="64/16,64/32,128/16,128/32", schedules=("block", "window"),
@@ -293,15 +295,15 @@ _USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, NotAD
 
 
 def _gen_lengths(args) -> list:
-    """Every generation length the command's options ask for (one, the settings', paper-tables' grid)."""
+    """(generation length, the option that asks for it) of every one the command's options ask for."""
     from tracelock.cli_common import check_settings
 
-    lengths = [getattr(args, "gen_length", None)]
+    lengths = [(getattr(args, "gen_length", None), "--gen-length")]
     if getattr(args, "settings", None):
-        lengths += [gen for gen, _ in check_settings(args.settings)]
+        lengths += [(gen, "--settings") for gen, _ in check_settings(args.settings)]
     if isinstance(getattr(args, "gen_lengths", None), str) and getattr(args, "command", "") == "paper-tables":
-        lengths += [int(v) for v in args.gen_lengths.split(",") if v.strip().isdigit()]
-    return [n for n in lengths if isinstance(n, int)]
+        lengths += [(int(v), "--gen-lengths") for v in args.gen_lengths.split(",") if v.strip().isdigit()]
+    return [(n, option) for n, option in lengths if isinstance(n, int)]
 
 
 def check_model_options(args) -> None:
@@ -318,9 +320,11 @@ def check_model_options(args) -> None:
     from tracelock.models.spec import ModelSpec
 
     limit = ModelSpec.from_pretrained(resolve_path(model)).max_positions
-    if max(lengths) >= limit:
-        raise ValueError(f"--gen-length {max(lengths)} leaves no room for a prompt in the {limit} positions of "
-                         f"--model {model}; pass a generation length of at most {limit - 1} less the prompt's tokens")
+    longest, option = max(lengths)
+    if longest >= limit:
+        raise ValueError(f"{option} {longest if option != '--settings' else args.settings}: a generation length of "
+                         f"{longest} leaves no room for a prompt in the {limit} positions of --model {model}; pass at "
+                         f"most {limit - 1} less the prompt's tokens")
 
 
 @contextlib.contextmanager

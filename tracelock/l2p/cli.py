@@ -72,6 +72,7 @@ def add_parsers(sub):
         add_model,
         add_model_dtype,
         gen_length_int,
+        option_help,
         positive_int,
         width_int,
     )
@@ -80,7 +81,7 @@ def add_parsers(sub):
     p.add_argument("--traces", required=True, help="trace store (`tracelock collect --block N --out`)")
     add_model(p, extra="the backbone the traces were decoded with")
     p.add_argument("--block", type=gen_length_int, required=True, metavar="W",
-                   help="the filter's block size (the traces' --block)")
+                   help=option_help("--block", "the filter's block size: the traces' --block"))
     p.add_argument("--out", required=True, help="filters folder: writes block-N.json/.safetensors into it")
     p.add_argument("--input", choices=["confidence", "hidden"], default="confidence",
                    help="confidence: Learn2PD; hidden: the paper's L2P-Hidden diagnostic (needs --encoder)")

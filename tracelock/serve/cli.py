@@ -104,9 +104,13 @@ def serve_config(args, max_positions: int):
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     if api_key is not None and (not api_key.strip() or any(c.isspace() for c in api_key)):
         raise ValueError("--api-key must be a non-empty key without spaces (clients send it as 'Bearer KEY')")
-    return ServeConfig(model_name=name, policies=policies, max_positions=max_positions, max_tokens=args.max_tokens,
-                       default_max_tokens=args.default_max_tokens, max_batch=args.max_batch,
-                       gen_lengths=_gen_lengths(args.gen_lengths), api_key=api_key)
+    gen_lengths = _gen_lengths(args.gen_lengths)
+    try:
+        return ServeConfig(model_name=name, policies=policies, max_positions=max_positions,
+                           max_tokens=args.max_tokens, default_max_tokens=args.default_max_tokens,
+                           max_batch=args.max_batch, gen_lengths=gen_lengths, api_key=api_key)
+    except ValueError as err:  # its messages name --policy
+        raise ValueError(str(err).replace("--policy ", option + " ", 1)) from None
 
 
 def build_state(args):
@@ -219,8 +223,9 @@ def add_parsers(sub) -> None:
                                                   "first the default; block=N / window=N / cache=... in a spec set "
                                                   "its schedule") + f" (default: {DEFAULT_POLICIES})")
     p.add_argument("--policy", metavar="SPEC",
-                   help="the one policy requests get; the same as --policies SPEC (a list here is the old spelling of "
-                        f"--policies, deprecated; default: --policies {DEFAULT_POLICIES})")
+                   help=option_help("--policy", "the one policy requests get, the same as --policies SPEC (a list "
+                                                "here is the old spelling of --policies, deprecated)") +
+                   f" (default: --policies {DEFAULT_POLICIES})")
     p.add_argument("--controller", help="a `tracelock train --out` folder, for the tracelock policy (default: none)")
     p.add_argument("--l2p", help="a `tracelock train-l2p --out` folder, for the l2p policies (default: none)")
     sched = p.add_mutually_exclusive_group()

@@ -90,6 +90,7 @@ def add_parsers(sub):
         add_model,
         batch_int,
         gen_length_int,
+        option_help,
         positive_int,
     )
 
@@ -104,7 +105,7 @@ def add_parsers(sub):
               old=("--num",))
     p.add_argument("--out", required=True, help="folder for traces/, cache/ and controller/ (re-running resumes)")
     p.add_argument("--gen-length", type=gen_length_int, default=64, metavar="N",
-                   help="tokens generated per item (LLaDA's gen_length)")
+                   help=option_help("--gen-length"))
     sched = p.add_mutually_exclusive_group()
     sched.add_argument("--window", type=gen_length_int, metavar="W",
                        help="soft-crop window width (TraceLock's schedule) while collecting (default 16)")
