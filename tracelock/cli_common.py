@@ -320,7 +320,6 @@ OPTIONS = {
                   "threshold:tau=0.9,0.7 is threshold:tau=0.9,threshold:tau=0.7)",
     "--tasks": "tasks, comma-separated: testbed:math, testbed:code (testbed:math@validation: that split), "
                "gsm8k:PATH, humaneval[:PATH], humaneval-with-tests[:PATH], qa:PATH",
-    "--batch-size": "items decoded together",
     "--threads": "torch CPU threads (default: $OMP_NUM_THREADS if set, else the physical cores, {cores} here; on a "
                  "machine busy at the start, the cores its load leaves free, said on stderr, as threads that wait for "
                  "a core make decoding many times slower)",
@@ -432,7 +431,9 @@ def add_policy(parser, *, required: bool = False, default=None, extra: str = "")
 
 
 def add_batch_size(parser, *, default: int, extra: str = "") -> None:
-    parser.add_argument("--batch-size", type=batch_int, default=default, help=option_help("--batch-size", extra))
+    """``--batch-size`` of a command that decodes: items decoded together (at most `MAX_BATCH`)."""
+    parser.add_argument("--batch-size", type=batch_int, default=default,
+                        help="items decoded together" + (f"; {extra}" if extra else ""))
 
 
 def add_limit(parser, *, help: str, default=None, old: tuple = ()) -> None:
