@@ -46,14 +46,14 @@ def check_named_policy(policy, policy_args) -> None:
                              f"and its arguments apart: policy={name!r}, policy_args={args!r}")
         raise ValueError(f"unknown policy {safe_echo(repr(policy))}; known policies: {', '.join(sorted(POLICIES))}"
                          f"{did_you_mean(name, POLICIES)}")
-    params = {n for n in inspect.signature(POLICIES[policy].__init__).parameters if n != "self"}
+    params = [n for n in inspect.signature(POLICIES[policy].__init__).parameters if n not in ("self", "model")]
     args = dict(policy_args or {})
-    takes = params | ({"per_step"} if "steps" in params else set())
+    takes = params + (["per_step"] if "steps" in params else [])
     for key in args:
-        if key not in takes:
-            raise TypeError(f"policy {policy!r} takes no argument {safe_echo(repr(key))}; its arguments are: "
-                            f"{', '.join(sorted(takes - {'model'})) or '(none)'}{did_you_mean(key, takes)}")
-    if params & set(_LOADED):
+        if key not in takes and key != "model":  # (make_policy's words, with the argument meant)
+            raise TypeError(f"policy {policy!r} takes no argument {safe_echo(key)}; its arguments are: "
+                            f"{', '.join(takes) or '(none)'}{did_you_mean(key, takes)}")
+    if set(params) & set(_LOADED) or "model" in inspect.signature(POLICIES[policy].__init__).parameters:
         return
     try:
         make_policy(policy, **{k: v for k, v in args.items() if k != "per_step"})
