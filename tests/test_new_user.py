@@ -527,6 +527,8 @@ def test_an_error_escapes_the_control_characters_of_the_value_it_names(argv, cap
     (["paper-tables", "--model", "testbed", "--controller", "testbed", "--out", "o", "--gen-lengths", "64,1000000"],
      "--gen-lengths 1000000: a generation length of 1000000 leaves no room"),
     (["report", "RUN", "--items", "1000000"], "pass at most 100"),
+    (GEN + ["--gen-length", "8", "--seed", "99999999999999999999"], "past a 64-bit seed"),
+    (["testbed-train", "--out", "o", "--workers", "100000"], "(processes); pass at most"),
 ])
 def test_every_size_option_is_bounded_before_work_starts(argv, says, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

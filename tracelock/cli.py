@@ -14,6 +14,7 @@ import sys
 
 from tracelock import __version__
 from tracelock.cli_common import (
+    MAX_WORKERS,
     Parser,
     add_batch_size,
     add_device,
@@ -31,6 +32,7 @@ from tracelock.cli_common import (
     output_file,
     positive_int,
     safe_echo,
+    seed_int,
     thread_count,
     workers_int,
 )
@@ -91,12 +93,12 @@ def _add_demo(sub):
     p = sub.add_parser("demo", help="decode held-out testbed items with every heuristic baseline; print the table")
     add_model(p, default="testbed")
     p.add_argument("--tasks", default="testbed:math,testbed:code",
-                   help=option_help("--tasks", "this command runs the testbed's, testbed:math and testbed:code "
-                                               "(math,code also accepted)"))
+                   help=option_help("--tasks", "this command runs only the testbed's two (math,code also "
+                                               "accepted)"))
     add_limit(p, default=16, help="held-out items per task", old=("--n",))
     add_schedule(p, gen_length=64, block_default="16 when no --window is given", window_default="blocks, no window")
     add_batch_size(p, default=16)
-    p.add_argument("--seed", type=int, default=0, help="seed of the held-out sample")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the held-out sample")
     p.add_argument("--tracelock", action="store_true",
                    help="add a TraceLock row with the controller shipped with the bundled --model (or --controller)")
     p.add_argument("--train-controller", action="store_true",
@@ -119,14 +121,14 @@ def _add_testbed_eval(sub):
     p = sub.add_parser("testbed-eval", help="quality-vs-steps tables on held-out testbed items, JSON out")
     add_model(p, default="testbed")
     p.add_argument("--tasks", default="testbed:math,testbed:code",
-                   help=option_help("--tasks", "this command runs the testbed's, testbed:math and testbed:code "
-                                               "(math,code also accepted)"))
+                   help=option_help("--tasks", "this command runs only the testbed's two (math,code also "
+                                               "accepted)"))
     add_limit(p, default=300, help="held-out items per task, drawn at random from the test split's pool of 2000",
               old=("--n",))
     add_settings(p, default="64/16,64/32,128/16,128/32", schedules=("block", "window"),
                  schedule_help="every WIDTH of --settings a semi-AR block or a soft-crop window")
     add_batch_size(p, default=100)
-    p.add_argument("--seed", type=int, default=0, help="seed of the random draw of held-out items")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the random draw of held-out items")
     p.add_argument("--policies", help=option_help("--policies", "the rows' labels ('threshold 0.9') are accepted "
                                                                 "too, deprecated") +
                    " (default: every row: the family's reference rule with 1, 2 and 4 tokens per step, threshold "
@@ -182,9 +184,10 @@ def _add_testbed_train(sub):
             return f"default: {values['llada']}"
         return "default: " + ", ".join(f"{v} ({fam})" for fam, v in values.items())
 
+    types = dict(seed=seed_int, workers=bounded_int(MAX_WORKERS, "processes", minimum=0))
     for name in ("seed", "steps", "batch_size", "d_model", "n_layers", "n_heads", "mlp", "save_every",
                  "vocab_size", "tokenizer_corpus", "warmup", "probe_every", "probe_items", "workers", "ar_steps"):
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=None,
+        p.add_argument("--" + name.replace("_", "-"), type=types.get(name, int), default=None,
                        help=f"{_TRAIN_HELP[name]} ({default(name)})")
     for name in ("lr", "masked_lr", "long_fraction", "block_fraction"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=None,
@@ -247,7 +250,7 @@ def _add_generate(sub):
                         "window moves)")
     p.add_argument("--refresh-shift", type=positive_int,
                    help="with --cache and --window: refresh when the window moved this far (default: window // 2)")
-    p.add_argument("--seed", type=int, default=0, help="seed of sampling and random policies")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of sampling and random policies")
     add_batch_size(p, default=1, extra="prompts are left-padded; the same results")
     p.add_argument("--no-chat-template", action="store_true", help="encode prompts as they are")
     add_model_dtype(p)
@@ -269,7 +272,7 @@ def build_parser():
     p = sub.add_parser("tiny-checkpoint", help="write a tiny random LLaDA/Dream checkpoint folder")
     p.add_argument("--family", choices=["llada", "dream"], default="llada", help="model family")
     p.add_argument("--profile", choices=["micro", "kernel"], default="micro", help="sizes: micro (tests) or kernel")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights")
     p.add_argument("--shards", type=bounded_int(64, "files"), default=1,
                    help="safetensors files to split the weights into")
     p.add_argument("--out", required=True, help="folder to write")

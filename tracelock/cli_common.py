@@ -262,6 +262,18 @@ def width_int(text: str) -> int:
     return bounded_int(MAX_WIDTH, "units of one layer")(text)
 
 
+def seed_int(text: str) -> int:
+    """argparse type of ``--seed``: a whole number torch's and Python's generators take (a signed 64-bit integer; a
+    larger one failed inside torch, "Overflow when unpacking long long", naming no option)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not -(1 << 63) <= value < 1 << 63:
+        raise argparse.ArgumentTypeError(f"{value} is past a 64-bit seed; pass one in [-2**63, 2**63)")
+    return value
+
+
 def thread_count(text: str) -> int:
     """argparse type of ``--threads``: at least 1, at most 4 threads per core (at least 64): OpenMP allocates every
     thread's state up front, and a huge count ends the process with its own out-of-memory message."""

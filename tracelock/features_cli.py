@@ -80,7 +80,7 @@ def _add_common(p):
 
 
 def add_parsers(sub):
-    from tracelock.cli_common import MAX_COUNT, add_alias, bounded_int, positive_int, width_int
+    from tracelock.cli_common import MAX_COUNT, add_alias, bounded_int, positive_int, seed_int, width_int
 
     p = sub.add_parser("fit-encoder", help="fit the hidden/delta feature encoders on replayed trace steps")
     _add_common(p)
@@ -95,7 +95,7 @@ def add_parsers(sub):
                    help="sampled (trace, step, position) triples, held at once (at most half this machine's memory)")
     p.add_argument("--ae-steps", type=positive_int, default=500,
                    help="optimiser steps of each autoencoder (--kind ae)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampled positions (and the autoencoders)")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the sampled positions (and the autoencoders)")
     p.set_defaults(func=_fit_encoder)
 
     p = sub.add_parser("featurize", help="replay traces and write their codes to a memory-mappable feature cache")

@@ -428,6 +428,7 @@ def add_parsers(sub) -> None:
         add_model_dtype,
         add_settings,
         option_help,
+        seed_int,
         workers_int,
     )
 
@@ -452,7 +453,7 @@ def add_parsers(sub) -> None:
                                          "a sweep may name its own with controller=DIR)")
     p.add_argument("--l2p", help="a `tracelock train-l2p --out` folder, for l2p sweeps (default: none)")
     add_batch_size(p, default=32)
-    p.add_argument("--seed", type=int, default=0, help="seed of the random draw of items (default: 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the random draw of items (default: 0)")
     p.add_argument("--workers", type=workers_int, default=2, help="sandbox processes for code scoring (default: 2)")
     add_model_dtype(p, old=())
     add_device(p)

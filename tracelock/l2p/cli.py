@@ -74,6 +74,7 @@ def add_parsers(sub):
         gen_length_int,
         option_help,
         positive_int,
+        seed_int,
         width_int,
     )
 
@@ -92,7 +93,7 @@ def add_parsers(sub):
     p.add_argument("--epochs", type=positive_int, default=40_000, help="full-batch AdamW steps (upstream: 40000)")
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (upstream: 3e-3)")
     p.add_argument("--val-fraction", type=float, default=0.1, help="share of traces held out for the metrics")
-    p.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the split")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the initialisation and the split")
     add_batch_size(p, default=8, extra="replayed steps per backbone forward")
     add_model_dtype(p, old=())
     add_device(p)

@@ -282,6 +282,7 @@ def add_parsers(sub) -> None:
         add_schedule,
         bounded_int,
         positive_int,
+        seed_int,
     )
 
     p = sub.add_parser("collect", help="decode prompts, filter, store canonical traces (resumable; torchrun-ready)")
@@ -300,7 +301,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--confidence", action="store_true", help="also store the proposals' confidences (fp16)")
     p.add_argument("--stop-at-eot", action="store_true", help="a committed end token finishes the row")
     add_batch_size(p, default=16)
-    p.add_argument("--seed", type=int, default=0, help="seed of the testbed items, decoding and step sampling")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the testbed items, decoding and step sampling")
     p.add_argument("--shard-size", type=bounded_int(MAX_BATCH, "traces held before a shard is written"), default=64,
                    help="traces per shard")
     p.add_argument("--min-tokens", type=bounded_int(MAX_GEN_LENGTH, "generated positions", minimum=0),

@@ -206,7 +206,15 @@ def _rl(args):
 
 
 def add_parsers(sub):
-    from tracelock.cli_common import add_device, add_limit, add_model, bounded_int, gen_length_int, positive_int
+    from tracelock.cli_common import (
+        add_device,
+        add_limit,
+        add_model,
+        bounded_int,
+        gen_length_int,
+        positive_int,
+        seed_int,
+    )
 
     p = sub.add_parser("rl", help="refine a controller with group-relative policy gradients (resumable)")
     add_model(p)
@@ -231,7 +239,7 @@ def add_parsers(sub):
                    help="tokens generated per prompt (LLaDA's gen_length), per rollout")
     p.add_argument("--window", type=gen_length_int, default=16, metavar="W",
                    help="soft-crop window width (TraceLock's schedule) of the controller's rollouts")
-    p.add_argument("--seed", type=int, default=0, help="seed of the prompt draws and the sampled commits")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the prompt draws and the sampled commits")
     p.add_argument("--save-every", type=positive_int, default=10, help="steps between resumable checkpoints")
     add_device(p)
     p.set_defaults(func=_rl)

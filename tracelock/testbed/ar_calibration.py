@@ -97,7 +97,7 @@ def _run(args):
 
 
 def add_parsers(sub):
-    from tracelock.cli_common import add_limit, option_help, positive_int, thread_count
+    from tracelock.cli_common import add_limit, option_help, positive_int, seed_int, thread_count
 
     p = sub.add_parser("testbed-ar-calibration",
                        help="train the testbed backbone autoregressively and score it (a yardstick for testbed-train)")
@@ -106,7 +106,7 @@ def add_parsers(sub):
     p.add_argument("--split", choices=["validation", "test"], default="validation", help="split of the scored items")
     defaults = TrainConfig(out="")
     # the same types as testbed-train's options: a count below 1 or a thread count past the machine is refused here
-    types = dict(seed=int, warmup=int)
+    types = dict(seed=seed_int, warmup=int)
     for name in ("seed", "steps", "batch_size", "d_model", "n_layers", "n_heads", "mlp", "vocab_size",
                  "tokenizer_corpus", "warmup"):
         p.add_argument("--" + name.replace("_", "-"), type=types.get(name, positive_int), default=None,

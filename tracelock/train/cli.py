@@ -46,10 +46,10 @@ def add_parsers(sub):
                    help="paper (default): the paper's controller and schedule; testbed: the recipe chosen for the "
                         "bundled models (width 64, 2 layers, confidence input, 2000 steps, batch 32, commit rule "
                         "hold-end); options given explicitly override it")
-    from tracelock.cli_common import add_device, batch_int, positive_int, width_int
+    from tracelock.cli_common import add_device, batch_int, positive_int, seed_int, width_int
 
     sized = {"batch-size": batch_int, "width": width_int, "ffn": width_int, "layers": bounded_int(256, "layers"),
-             "heads": bounded_int(1024, "heads"), "steps": positive_int, "eval-every": positive_int}
+             "heads": bounded_int(1024, "heads"), "steps": positive_int, "eval-every": positive_int, "seed": seed_int}
     for name, kind, default in DEFAULTS:
         p.add_argument("--" + name, type=sized.get(name, kind), default=None, help=f"default {default}")
     p.add_argument("--features", choices=["last", "deltas", "hidden", "all"], default=None,

@@ -92,6 +92,7 @@ def add_parsers(sub):
         gen_length_int,
         option_help,
         positive_int,
+        seed_int,
     )
 
     p = sub.add_parser("self-train", help="deployment-aware self-training: on-policy traces, mixed with the "
@@ -118,7 +119,7 @@ def add_parsers(sub):
     p.add_argument("--batch-size", type=batch_int, default=32, help="training batch")
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
     p.add_argument("--eval-every", type=positive_int, help="validation every N steps (default steps // 4)")
-    p.add_argument("--seed", type=int, default=1, help="seed of the testbed sample (the original pool used 0)")
+    p.add_argument("--seed", type=seed_int, default=1, help="seed of the testbed sample (the original pool used 0)")
     p.add_argument("--decode-batch-size", type=batch_int, default=16, help="items decoded together while "
                                                                            "collecting")
     add_device(p)
