@@ -61,6 +61,10 @@ def pytest_addoption(parser):
     group.addoption("--peer-fastdllm", default=None,
                     help="a Fast-dLLM checkout (NVlabs/Fast-dLLM) whose own code races tracelock in "
                          "test_bench_peers.py (default: ../shared/peers/fast-dllm when it exists)")
+    group.addoption("--peer-plusplus", default=None,
+                    help="a Fast-dLLM++ checkout (Ringo-Star/FastdLLM_plusplus, its v1/ folder) whose own Fréchet "
+                         "profile rule test_bench_peers.py checks the `frechet` policy against (default: "
+                         "../shared/peers/fast-dllm-plusplus when it exists)")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 
 DEFAULT_FASTDLLM = Path(__file__).resolve().parents[1].parent / "shared" / "peers" / "fast-dllm"
+# Fast-dLLM++ (Ringo-Star/FastdLLM_plusplus): Fast-dLLM's functions with its Fréchet profile rule (``frechet_margin``)
+DEFAULT_PLUSPLUS = DEFAULT_FASTDLLM.parent / "fast-dllm-plusplus"
 
 
 def find_fastdllm(option: str | None) -> tuple[Path | None, str]:
@@ -36,6 +38,20 @@ def find_fastdllm(option: str | None) -> tuple[Path | None, str]:
         import einops  # noqa: F401  (Fast-dLLM's LLaDA model imports it)
     except ImportError:
         return None, "Fast-dLLM's LLaDA code needs einops: pip install einops"
+    return folder, ""
+
+
+def find_plusplus(option: str | None) -> tuple[Path | None, str]:
+    """(the Fast-dLLM++ checkout folder, "") or (None, why not): ``option``, else the default folder when it exists.
+    Its modules load under names of their own (`load_plusplus_llada`, `load_dream`), so it runs beside Fast-dLLM."""
+    folder = Path(option) if option else DEFAULT_PLUSPLUS
+    where = f"--peer-plusplus {option}" if option else f"the default {DEFAULT_PLUSPLUS}"
+    generate = folder / "llada" / "generate.py"
+    if not generate.is_file() or "get_transfer_index_frechet_profile" not in generate.read_text():
+        return None, (f"no Fast-dLLM++ checkout at {where} (llada/generate.py with the Fréchet profile rule missing); "
+                      "pass --peer-plusplus DIR (a clone of Ringo-Star/FastdLLM_plusplus, its v1/ folder)")
+    if not (folder / "dream" / "model" / "generation_utils_block.py").is_file():
+        return None, f"the Fast-dLLM++ checkout at {where} has no dream/model/generation_utils_block.py"
     return folder, ""
 
 
@@ -127,20 +143,129 @@ def load_llada(folder: Path, model, config: dict):
     return _buffers_to(peer, model.device).eval()
 
 
-def _dream_package(folder: Path):
-    """Fast-dLLM's ``dream/model`` as the package ``fastdllm_dream`` (its imports are relative)."""
-    name = "fastdllm_dream"
-    if name not in sys.modules:
-        import transformers.modeling_rope_utils as rope
+@contextmanager
+def _registering_again():
+    """transformers' ``AutoConfig.register`` / ``AutoModel.register`` with ``exist_ok=True``: two peers' LLaDA
+    modules both register the model type "llada" when they load, which the second would otherwise refuse."""
+    from transformers import AutoConfig, AutoModel
 
-        rope.ROPE_INIT_FUNCTIONS.setdefault("default", _default_rope)
-        root = folder / "dream" / "model"
+    own = {cls: cls.__dict__.get("register") for cls in (AutoConfig, AutoModel)}
+    config_register, model_register = AutoConfig.register, AutoModel.register
+    AutoConfig.register = staticmethod(lambda *a, **k: config_register(*a, **{**k, "exist_ok": True}))
+    AutoModel.register = classmethod(lambda cls, *a, **k: model_register.__func__(cls, *a, **{**k, "exist_ok": True}))
+    try:
+        yield
+    finally:
+        for cls, attr in own.items():
+            if attr is None:
+                del cls.register
+            else:
+                cls.register = attr
+
+
+def _package(name: str, root: Path):
+    """The folder ``root`` (a package whose imports are relative) imported as the package ``name``, once."""
+    if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, root / "__init__.py",
                                                       submodule_search_locations=[str(root)])
         package = importlib.util.module_from_spec(spec)
         sys.modules[name] = package
-        spec.loader.exec_module(package)
+        try:
+            spec.loader.exec_module(package)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
+
+
+def _dream_package(folder: Path, name: str = "fastdllm_dream"):
+    """A peer's ``dream/model`` as the package ``name`` (its imports are relative): Fast-dLLM's as ``fastdllm_dream``,
+    Fast-dLLM++'s as ``fastdllmpp_dream``; its block sampler module."""
+    import transformers.modeling_rope_utils as rope
+
+    rope.ROPE_INIT_FUNCTIONS.setdefault("default", _default_rope)
+    _package(name, folder / "dream" / "model")
     return importlib.import_module(f"{name}.generation_utils_block")
+
+
+def plusplus_generate_module(folder: Path):
+    """Fast-dLLM++'s ``llada/generate.py`` as the module ``fastdllmpp_generate``, its ``llada/model`` as the package
+    ``fastdllmpp_llada``. Nothing goes on sys.path: while it loads, its ``from model.modeling_llada import ...``
+    sees that package, so it runs beside Fast-dLLM's own ``generate`` and ``model``."""
+    with _registering_again():
+        package = _package("fastdllmpp_llada", folder / "llada" / "model")
+    name = "fastdllmpp_generate"
+    if name not in sys.modules:
+        saved = {k: sys.modules.get(k) for k in ("model", "model.modeling_llada")}
+        sys.modules["model"], sys.modules["model.modeling_llada"] = package, package.modeling_llada
+        try:
+            spec = importlib.util.spec_from_file_location(name, folder / "llada" / "generate.py")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules[name] = module
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    sys.modules.pop(k, None)
+                else:
+                    sys.modules[k] = v
+    return sys.modules[name]
+
+
+def load_plusplus_llada(folder: Path, model, config: dict):
+    """Fast-dLLM++'s own ``LLaDAModelLM`` built from ``config`` (an official LLaDA config.json as a dict) on
+    ``model``'s weights, for the functions of `plusplus_generate_module`."""
+    plusplus_generate_module(folder)
+    package = sys.modules["fastdllmpp_llada"]
+    cfg = package.LLaDAConfig(**config)
+    if not hasattr(cfg, "use_cache"):  # transformers 5 drops it from the config; the peer's forward reads it
+        cfg.use_cache = False
+    with _no_random_init():
+        peer = package.LLaDAModelLM(cfg, init_params=False)
+    peer.load_state_dict(_shared_state(model), strict=True, assign=True)
+    return _buffers_to(peer, model.device).eval()
+
+
+class _ExactForward:
+    """A peer Dream model seen through its block sampler's calls, every call answered by a forward of the whole
+    canvas without a cache: a refresh (no ``past_key_values``) records the canvas, a cached call writes its slice
+    (the block under the dual cache, the block and the suffix under the prefix cache) into it and gets that slice's
+    rows. So the sampler's loop and rule run unchanged on exact logits; ``forwards`` counts its calls."""
+
+    def __init__(self, peer):
+        self.peer, self.device, self.forwards, self.canvas = peer, peer.device, 0, None
+
+    def __call__(self, x, attention_mask=None, tok_idx=None, past_key_values=None, use_cache=False, dual_cache=False,
+                 replace_position=None):
+        self.forwards += 1
+        if past_key_values is None:
+            self.canvas, start = x.clone(), 0
+        else:
+            start = int(replace_position[0].nonzero()[0]) if dual_cache else self.canvas.shape[1] - x.shape[1]
+            self.canvas[:, start:start + x.shape[1]] = x
+        logits = self.peer(self.canvas, attention_mask, tok_idx).logits
+        # the sampler slices the returned cache's positions before the block: any tensor of the canvas' length
+        return types.SimpleNamespace(logits=logits[:, start:start + x.shape[1]],
+                                     past_key_values=[(torch.zeros(1, self.canvas.shape[1], 1),)])
+
+
+def run_dream_exact(folder: Path, peer, config, prompt: list, *, block: int, package: str = "fastdllm_dream",
+                    dual_cache: bool = True, threshold: float = 0.9, **rule):
+    """A peer's Dream block sampler (``_sample`` of its ``generation_utils_block.py``, unchanged) on one prompt with
+    exact logits at every step (`_ExactForward`): (canvas [1, P + G], forwards). Its loop and rule against
+    tracelock's Dream forms without a cache, the cache's own approximation set aside."""
+    import copy
+
+    sampler = _dream_package(folder, package)
+    exact = _ExactForward(peer)
+    config = copy.deepcopy(config)
+    config.max_length = len(prompt) + config.max_new_tokens
+    ids = torch.tensor([prompt], device=exact.device)
+    with torch.no_grad():
+        canvas = sampler.DreamGenerationMixin._sample(exact, ids, attention_mask=None, generation_config=config,
+                                                      threshold=threshold, block_length=block,
+                                                      dual_cache=dual_cache, **rule)
+    return canvas, exact.forwards
 
 
 def _default_rope(config, device=None, seq_len=None, **_):
@@ -150,12 +275,13 @@ def _default_rope(config, device=None, seq_len=None, **_):
     return 1.0 / (config.rope_theta ** exponents), 1.0
 
 
-def load_dream(folder: Path, model, config: dict):
+def load_dream(folder: Path, model, config: dict, package: str = "fastdllm_dream"):
     """Fast-dLLM's ``DreamModel`` from ``config`` (a Dream config.json as a dict) on ``model``'s weights, with its
-    block sampler (``dream/model/generation_utils_block.py``) bound as its ``diffusion_generate``."""
-    sampler = _dream_package(folder)
-    from fastdllm_dream.configuration_dream import DreamConfig
-    from fastdllm_dream.modeling_dream import DreamModel
+    block sampler (``dream/model/generation_utils_block.py``) bound as its ``diffusion_generate``. Fast-dLLM++'s:
+    ``package="fastdllmpp_dream"`` with its folder."""
+    sampler = _dream_package(folder, package)
+    DreamConfig = importlib.import_module(f"{package}.configuration_dream").DreamConfig
+    DreamModel = importlib.import_module(f"{package}.modeling_dream").DreamModel
 
     with _no_random_init():
         peer = DreamModel(DreamConfig(**config))
@@ -166,11 +292,13 @@ def load_dream(folder: Path, model, config: dict):
     return peer.eval()
 
 
-def dream_generation_config(folder: Path, spec, gen_length: int, steps: int, alg: str = "confidence_threshold"):
+def dream_generation_config(folder: Path, spec, gen_length: int, steps: int, alg: str = "confidence_threshold",
+                            package: str = "fastdllm_dream"):
     """The block sampler's generation config, greedy: ``alg="confidence_threshold"`` (the threshold rule; ``steps``
     only has to divide by the block count), or any other ``alg`` for its scheduled rule (``steps`` steps in all, a
-    block's count of each step from Dream's ``int(n (1 - s/t))``, ranked by neg-entropy)."""
-    sampler = _dream_package(folder)
+    block's count of each step from Dream's ``int(n (1 - s/t))``, ranked by neg-entropy). Fast-dLLM++'s Fréchet rule
+    overrides ``alg`` when `run_dream` passes ``frechet_margin``."""
+    sampler = _dream_package(folder, package)
 
     class Config(sampler.DreamGenerationConfig):
         def validate(self, *args, **kwargs):  # transformers 5 passes user_set_attributes=...
@@ -210,10 +338,11 @@ def run_llada(generate_module, peer, rule: str, prompt: list, *, gen_length: int
                                           mask_id=mask_id, threshold=threshold)
 
 
-def run_dream(peer, config, prompt: list, *, block: int, threshold: float = 0.9):
-    """Fast-dLLM's Dream block sampler with the dual cache on one prompt: the canvas [1, P + G]. ``config`` (from
-    `dream_generation_config`) picks the rule: its threshold, or a scheduled ``alg`` of ``config.steps`` steps."""
+def run_dream(peer, config, prompt: list, *, block: int, threshold: float = 0.9, dual_cache: bool = True, **rule):
+    """Fast-dLLM's Dream block sampler on one prompt (the dual cache unless ``dual_cache=False``: the prefix cache):
+    the canvas [1, P + G]. ``config`` (from `dream_generation_config`) picks the rule: its threshold, or a scheduled
+    ``alg`` of ``config.steps`` steps; Fast-dLLM++'s sampler takes ``frechet_margin=delta`` in ``rule``."""
     device = next(peer.parameters()).device
     ids = torch.tensor([prompt], device=device)
-    return peer.diffusion_generate(ids, generation_config=config, block_length=block, dual_cache=True,
-                                   threshold=threshold)
+    return peer.diffusion_generate(ids, generation_config=config, block_length=block, dual_cache=dual_cache,
+                                   threshold=threshold, **rule)

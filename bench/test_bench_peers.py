@@ -186,3 +186,101 @@ def test_peer(request, benchmark, target, machine, races, fastdllm, rule, row):
     median = benchmark.stats.stats.median
     walls.sort()
     benchmark.extra_info.update(seconds_per_item=median / n, wall_seconds_per_item=walls[len(walls) // 2] / n)
+
+
+# Fast-dLLM++'s Fréchet profile rule: the `frechet` policy against the peer's own code (checks, not timed)
+FRECHET_DELTAS = (0.0, 0.3)
+LLADA_FUNCTIONS = (("generate", None), ("generate_with_prefix_cache", "prefix"), ("generate_with_dual_cache", "dual"))
+
+
+@pytest.fixture(scope="session")
+def plusplus(request):
+    folder, why = peers.find_plusplus(request.config.getoption("--peer-plusplus"))
+    if folder is None:
+        pytest.skip(why)
+    return folder
+
+
+def _bundled(name: str, n: int = 4):
+    """A bundled model, its config.json and n validation items per task as chat prompts (token ids)."""
+    from tracelock.eval.tasks import make_task
+    from tracelock.text import encode_prompt
+
+    model, tok = tracelock.load_model(name), tracelock.load_tokenizer(name)
+    folder = Path(tracelock.__file__).parent / "testbed" / ("model-dream" if name == "testbed-dream" else "model")
+    items = [it for task in ("math", "code") for it in make_task(f"testbed:{task}@validation").items(n)]
+    return model, json.loads((folder / "config.json").read_text()), [encode_prompt(tok, it.prompt) for it in items]
+
+
+def test_frechet_rule_equals_plusplus_on_random_profiles(plusplus):
+    """One step: the policy's commits are the peer's `get_transfer_index_frechet_profile`'s on random float64 logits
+    (sharp and flat, every delta sign, rows with few or no masked positions)."""
+    from tracelock.policies import make_policy
+    from tracelock.policies.base import StepInput
+    from tracelock.signals import Signals
+
+    module = peers.plusplus_generate_module(plusplus)
+    g = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        B, L, V = 3, 16, 20
+        logits = torch.randn(B, L, V, dtype=torch.float64, generator=g) * 8 * torch.rand(1, generator=g).item()
+        mask = torch.rand(B, L, generator=g) < torch.rand(1, generator=g).item()
+        delta = float(torch.empty(1).uniform_(-0.5, 0.8, generator=g))
+        _, want = module.get_transfer_index_frechet_profile(logits, 0.0, "low_confidence", mask,
+                                                            torch.zeros(B, L, dtype=torch.long), delta)
+        conf = torch.softmax(logits, -1).amax(-1).float()
+        signals = Signals(logits.argmax(-1), conf, conf, conf, torch.zeros(B, L))
+        count = mask.sum(-1)
+        got = make_policy("frechet", delta=delta).select(StepInput(signals, mask, count * 0, count, count, 1))
+        assert torch.equal(got, want), f"trial {trial}, delta {delta}"
+
+
+def test_frechet_equals_plusplus_on_the_bundled_llada(plusplus):
+    """`frechet:delta=D` on the bundled LLaDA-family model is Fast-dLLM++'s `generate`, `generate_with_prefix_cache`
+    and `generate_with_dual_cache` with ``frechet_margin=D``, token for token and step for step (its NFE), 64/16."""
+    model, config, prompts = _bundled("testbed")
+    module = peers.plusplus_generate_module(plusplus)
+    peer = peers.load_plusplus_llada(plusplus, model, config)
+    for delta in FRECHET_DELTAS:
+        for function, cache in LLADA_FUNCTIONS:
+            for i, prompt in enumerate(prompts):
+                with torch.no_grad():
+                    want, nfe = getattr(module, function)(peer, torch.tensor([prompt]), steps=64, gen_length=64,
+                                                          block_length=16, temperature=0.0,
+                                                          remasking="low_confidence", mask_id=model.spec.mask_id,
+                                                          frechet_margin=delta)
+                got, stats = tracelock.fused_generate(model, [prompt], policy="frechet", policy_args={"delta": delta},
+                                                      gen_length=64, block=16, cache=cache)
+                where = f"delta {delta}, {function}, item {i}"
+                assert torch.equal(got, want), where
+                assert stats.steps == [nfe], where
+
+
+def test_frechet_dream_form_equals_plusplus_on_the_bundled_dream(plusplus):
+    """`frechet:delta=D:first_token=true` on the bundled Dream-family model is Fast-dLLM++'s Dream block sampler with
+    ``frechet_margin=D``, token for token and step for step, when the sampler's forwards are exact (its loop and rule
+    unchanged; `peers.run_dream_exact`); with its own caches it agrees on >= 90% of the tokens (the caches'
+    approximation, as Fast-dLLM's threshold)."""
+    model, config, prompts = _bundled("testbed-dream")
+    pkg = "fastdllmpp_dream"
+    peer = peers.load_dream(plusplus, model, config, package=pkg)
+    gen = peers.dream_generation_config(plusplus, model.spec, 64, 64, package=pkg)
+    for delta in FRECHET_DELTAS:
+        args = {"delta": delta, "first_token": True}
+        for dual in (True, False):
+            for i, prompt in enumerate(prompts):
+                want, forwards = peers.run_dream_exact(plusplus, peer, gen, prompt, block=16, package=pkg,
+                                                       dual_cache=dual, frechet_margin=delta)
+                got, stats = tracelock.fused_generate(model, [prompt], policy="frechet", policy_args=args,
+                                                      gen_length=64, block=16)
+                where = f"delta {delta}, dual_cache={dual}, item {i}"
+                assert torch.equal(got, want), where
+                assert stats.steps == [forwards], where
+        equal = total = 0
+        for prompt in prompts:
+            with torch.no_grad():
+                want = peers.run_dream(peer, gen, prompt, block=16, frechet_margin=delta)
+            got, _ = tracelock.fused_generate(model, [prompt], policy="frechet", policy_args=args, gen_length=64,
+                                              block=16, cache="dual")
+            equal, total = equal + int((got[0, -64:] == want[0, -64:]).sum()), total + 64
+        assert equal / total >= 0.9, f"delta {delta}: the cached samplers agree on {equal / total:.1%} of the tokens"

@@ -13,7 +13,7 @@ from tracelock.testing import random_prompts
 G = 16
 DETERMINISTIC = [("confidence", {}), ("topk", {"k": 2}), ("maskgit_plus", {}), ("topk_margin", {}),
                  ("entropy", {}), ("threshold", {"tau": 0.5}), ("factor", {"f": 1.0}),
-                 ("confidence", {"score": "neg_entropy"})]
+                 ("confidence", {"score": "neg_entropy"}), ("frechet", {"delta": 0.0})]
 
 
 @pytest.fixture(scope="module", params=["llada", "dream"])
@@ -32,7 +32,8 @@ def peaked(tmp_path_factory):
 
 def test_policy_names_are_complete():
     assert sorted(POLICIES) == sorted(["random", "confidence", "origin", "maskgit_plus", "topk_margin", "entropy",
-                                       "threshold", "factor", "topk", "tracelock", "l2p", "l2p-hidden"])
+                                       "threshold", "factor", "frechet", "topk", "tracelock", "l2p",
+                                       "l2p-hidden"])
 
 
 @pytest.mark.parametrize("schedule", [{"block": 4}, {"window": 4}, {}], ids=["block4", "window4", "full"])

@@ -44,12 +44,18 @@ def policies(model) -> list:
     controller, encoder = fresh_controller(model)
     out = [("confidence", "confidence", {}), ("topk", "topk", {"k": 2}), ("maskgit_plus", "maskgit_plus", {}),
            ("topk_margin", "topk_margin", {}), ("entropy", "entropy", {}), ("threshold", "threshold", {"tau": 0.7}),
-           ("factor", "factor", {"f": 1.0}),
+           ("factor", "factor", {"f": 1.0}), ("frechet", "frechet", {"delta": 0.0}),
            ("tracelock", TraceLockPolicy(controller, encoder, theta=0.55), {}),
            ("tracelock-cap", TraceLockPolicy(controller, encoder, theta=0.55, cap=2), {}),
-           ("l2p", L2PPolicy(step_l2p_filter(model), filter_block=4), {})]
+           ("l2p", L2PPolicy(step_l2p_filter(model), filter_block=4), {}),
+           # the end-of-text hold of the rules that have one
+           ("frechet-hold-end", "frechet", {"delta": -0.2, "hold_end": True}),
+           ("factor-hold-end", "factor", {"f": 2.0, "hold_end": True}),
+           ("confidence-hold-end", "confidence", {"steps": 8, "hold_end": True}),
+           ("l2p-hold-end", L2PPolicy(step_l2p_filter(model), filter_block=4, hold_end=True), {})]
     if model.spec.family == "dream":
         out.append(("threshold-first-token", "threshold", {"tau": 0.7, "first_token": True}))
+        out.append(("frechet-first-token", "frechet", {"delta": 0.0, "first_token": True}))
         out.append(("neg-entropy", "confidence", {"score": "neg_entropy"}))
     return out
 

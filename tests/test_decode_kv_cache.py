@@ -187,7 +187,7 @@ def test_cache_arguments_name_the_fix(peaked):
 
 
 @pytest.mark.parametrize("name", ["random", "confidence", "origin", "maskgit_plus", "topk_margin", "entropy", "factor",
-                                  "topk"])
+                                  "frechet", "topk"])
 def test_every_policy_decodes_with_the_cache(peaked, name):
     """Every policy of the common loop runs with both caches: fused == reference, nothing left masked."""
     prompts = random_prompts(peaked)

@@ -170,6 +170,61 @@ def test_fastdllm_factor_golden(sorted_conf, f, valid, quirk):
         assert got == sorted(slots[:length].tolist()), (release_quirk, length)
 
 
+@pytest.mark.parametrize(
+    "sorted_conf, delta, length",
+    [
+        # score_n = c_1 + ... + c_n - (n - 1) - (1 - c_n); n = 1 is forced
+        # .99, .95, .9, .6: n = 2: 1.94 - 1 - .05 = .89; n = 3: 2.84 - 2 - .1 = .74; n = 4: 3.44 - 3 - .4 = .04
+        ([0.99, 0.95, 0.9, 0.6], 0.0, 4),
+        ([0.99, 0.95, 0.9, 0.6], 0.05, 3),  # .04 does not clear .05
+        ([0.99, 0.95, 0.9, 0.6], 0.8, 2),  # .74 does not clear .8
+        ([0.99, 0.95, 0.9, 0.6], 0.9, 1),  # only the forced first
+        ([0.99, 0.95, 0.9, 0.6], -0.5, 4),
+        # equal confidences 1 - eps, eps = 5/16 (exact in fp32): score_n = 1 - (n + 1) eps > 0 for n <= 2
+        ([0.6875] * 5, 0.0, 2),
+        # eps = 1/4: score_3 = 1 - 4/4 = 0 is not > 0 (the rule is strict), so 2
+        ([0.75] * 5, 0.0, 2),
+        # n = 2: .5 + .5 - 1 - .5 = -.5; a negative delta takes more: -.5 is not > -.5, -1.5 (n = 3) neither
+        ([0.5, 0.5, 0.5], -0.5, 1),
+        ([0.5, 0.5, 0.5], -0.6, 2),
+        ([0.01], 0.0, 1),  # a single candidate is forced
+    ],
+)
+def test_frechet_golden(sorted_conf, delta, length):
+    n = len(sorted_conf)
+    # scatter the sorted values over shuffled active slots, with an inactive 1.0 in front
+    slots = torch.randperm(n) + 1
+    conf = torch.zeros(n + 1)
+    conf[0] = 1.0
+    conf[slots] = torch.tensor(sorted_conf)
+    policy = make_policy("frechet", delta=delta)
+    policy.setup(gen_length=32, num_regions=1)
+    got = _picked(policy.select(_inp(conf.tolist(), [False] + [True] * n)))
+    assert len(got) == length
+    # the committed slots are the `length` most confident (ties to the lowest slot)
+    by_conf = sorted(range(1, n + 1), key=lambda i: (-float(conf[i]), i))
+    assert got == sorted(by_conf[:length])
+
+
+def test_frechet_equals_factor_at_equal_confidences_and_dream_form():
+    # at equal confidences 1 - eps the rule is the factor rule with f = 1 off its boundary ((n + 1) eps = 1, where
+    # factor's >= takes one more): eps = 5/16, 3/32, 1/64 (exact in fp32)
+    for c in (0.6875, 0.90625, 0.984375):
+        inp = _inp([c] * 12)
+        frechet, factor = make_policy("frechet", delta=0.0), make_policy("factor", f=1.0)
+        assert torch.equal(frechet.select(inp), factor.select(inp))
+    inp = _inp([0.75] * 6)
+    assert make_policy("frechet").select(inp).sum() == 2 and make_policy("factor").select(inp).sum() == 3
+    # the Dream form: the region's first step commits its first masked slot alone, then the rule (delta 0 on
+    # CONF10: .95, .90 give .95 + .9 - 1 - .1 = .75 > 0; with .80: 2.65 - 2 - .2 = .45; with .65: 3.3 - 3 - .35 =
+    # -.05, so three; then .65, .55: 1.2 - 1 - .45 < 0 -> one per step)
+    policy = make_policy("frechet", delta=0.0, first_token=True)
+    policy.setup(gen_length=32, num_regions=1)
+    assert _run_region(policy, CONF10) == [[0], [1, 3, 6], [8], [4], [7], [5], [2], [9]]
+    with pytest.raises(ValueError, match="delta=nan must be a finite number"):
+        make_policy("frechet", delta=float("nan"))
+
+
 def test_dream_entropy_k_schedule_golden():
     # ts = linspace(1, 1e-3, 5) = 1, .75025, .5005, .25075, .001; 1 - s/t = .24975, .33289, .49900, (last)
     # n = 8: int(8 * .24975) = 1 -> n = 7: int(7 * .33289) = 2 -> n = 5: int(5 * .499) = 2 -> last: int(3) = 3
@@ -242,7 +297,7 @@ def test_policies_seeded_reproducible(name):
 def test_policy_registry():
     assert sorted(POLICIES) == sorted(
         ["random", "confidence", "topk", "origin", "maskgit_plus", "topk_margin", "entropy", "threshold", "factor",
-         "tracelock", "l2p", "l2p-hidden"]
+         "frechet", "tracelock", "l2p", "l2p-hidden"]
     )
     stochastic = {name for name, cls in POLICIES.items() if not cls.deterministic}
     assert stochastic == {"random", "origin"}
@@ -265,6 +320,10 @@ def test_policy_registry():
         ("entropy", {"eps": 1.0}, ValueError, "eps=1.0"),
         ("threshold", {"steps": 8}, TypeError, "takes no argument steps; its arguments are: tau, first_token"),
         ("threshold", {"first_token": 1}, TypeError, "first_token=1 must be a bool"),
+        ("frechet", {"delta": float("inf")}, ValueError, "delta=inf must be a finite number"),
+        ("frechet", {"hold_end": 1}, TypeError, "hold_end=1 must be a bool"),
+        ("factor", {"hold_end": "yes"}, TypeError, "hold_end='yes' must be a bool"),
+        ("confidence", {"hold_end": 0}, TypeError, "hold_end=0 must be a bool"),
     ],
 )
 def test_make_policy_errors(spec, kwargs, exc, match):

@@ -271,6 +271,93 @@ def test_the_threshold_holds_the_end_alike(model):
         ThresholdPolicy(hold_end="yes")
 
 
+def _end_case(model, second: bool = False):
+    """The threshold test's step: row 0's active slots 1, 2, 4, 5; first ends at 1 and 2 (0.95, no text left of
+    them) and at 5 (0.99, right of the text at 4, 0.92); second only the end at 5 (0.99) beside text at 0.3-0.6."""
+    inp = _step(model)
+    eos = torch.tensor([[0.0, 0.95, 0.95, 0.0, 0.0, 0.99], [0.0] * 6, [0.0] * 6])
+    inp.signals.eos_prob = eos
+    inp.signals.confidence = torch.where(eos > 0, eos, torch.full_like(eos, 0.5))
+    inp.signals.confidence[0, 4] = 0.92
+    if second:
+        inp.signals.confidence[0] = torch.tensor([0.5, 0.3, 0.3, 0.5, 0.6, 0.99])
+        inp.signals.eos_prob[0] = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.99])
+    return inp
+
+
+@pytest.mark.parametrize("name, args, first, second", [
+    # factor f = 1 (n-th needs 1 - 1/(n + 1)): all four pass plainly (.99, .95, .95, .92 >= .8); held, .95, .95, .92
+    # pass; second case: .99 then .6 < .667 -> the top alone; held: .6, .3 -> the top of the rest
+    ("factor", {"f": 1.0}, ([1, 2, 4, 5], [1, 2, 4]), ([5], [4])),
+    # Fréchet delta 0: .99, .95, .95, .92 score .89, .84, .73 > 0 -> four; held: .95, .95, .92 -> .85, .74 -> three;
+    # second: .99, .6 -> 1.59 - 1 - .4 = .19 > 0, then .3: 1.89 - 2 - .7 < 0 -> two; held: .6, .3 -> -.8 -> one
+    ("frechet", {"delta": 0.0}, ([1, 2, 4, 5], [1, 2, 4]), ([4, 5], [4])),
+    ("frechet", {"delta": 0.0, "first_token": True}, ([1, 2, 4, 5], [1, 2, 4]), ([4, 5], [4])),
+])
+def test_every_held_rule_holds_the_end_alike(model, name, args, first, second):
+    """factor's and Fréchet's hold_end: the same slots wait as under the threshold's (and TraceLock's) hold_end, the
+    rule runs on the rest, its always-committed top slot among them."""
+    for case, want in ((_end_case(model), first), (_end_case(model, second=True), second)):
+        case.region_step = torch.ones(3, dtype=torch.long)  # past the Dream form's first step
+        plain, held = make_policy(name, **args), make_policy(name, **args, hold_end=True)
+        assert (_slots(plain.select(case))[0], _slots(held.select(case))[0]) == want
+        assert _slots(plain.select(case))[1:] == _slots(held.select(case))[1:]  # no end proposed: no hold
+    # the Dream form's first step commits the first masked slot, held or not (the leftmost is never held)
+    case = _end_case(model)
+    assert _slots(make_policy("frechet", first_token=True, hold_end=True).select(case))[0] == [1]
+
+
+def test_the_schedule_rules_hold_the_end_last(model):
+    """confidence with hold_end: the schedule's count per step stays; a held end ranks after every other active
+    slot, so it commits only when the step's count reaches past the rest."""
+    policy, held = make_policy("confidence", steps=16), make_policy("confidence", steps=16, hold_end=True)
+    for p in (policy, held):
+        p.setup(gen_length=64, num_regions=4)  # 4 steps per region
+    for initial, want in ((8, ([1, 5], [1, 2])), (16, ([1, 2, 4, 5], [1, 2, 4, 5]))):
+        case = _end_case(model)
+        case.region_initial = torch.full((3,), initial)  # 8 / 4 = 2 per step, 16 / 4 = 4
+        assert (_slots(policy.select(case))[0], _slots(held.select(case))[0]) == want
+    case = _end_case(model, second=True)
+    case.region_initial = torch.full((3,), 8)
+    # plainly the end (.99) and the text at 4 (.6); held: 4, then 1 (.3, ties to the lower slot)
+    assert (_slots(policy.select(case))[0], _slots(held.select(case))[0]) == ([4, 5], [1, 4])
+
+
+def test_learn2pd_holds_the_end_in_its_accepts_its_schedule_and_its_cut(model):
+    """Learn2PD with hold_end: the filter's accepts skip a held end, its scheduled rule ranks it last, and end-of-text
+    prediction cuts only at an end no masked text lies left of."""
+    from tracelock.policies.l2p import L2PPolicy
+    from tracelock.testing import step_l2p_filter
+
+    conf = torch.tensor([[0.9, 0.95, 0.6, 0.97, 0.3, 0.3, 0.3, 0.3]])  # ends at 1 and 3, text left of both
+    eos = torch.tensor([[0.0, 0.95, 0.0, 0.97, 0.0, 0.0, 0.0, 0.0]])
+    B, R, L = 1, 8, 20
+    state = torch.full((B, L), states.ACTIVE, dtype=torch.uint8)
+    state[:, :6] = states.PROMPT
+    signals = compute_signals(torch.randn(B, R, 17))
+    signals.confidence, signals.eos_prob = conf, eos
+    signals.proposal = torch.where(eos > 0, model.spec.eos_id, 3)
+    one = torch.ones(B, dtype=torch.long)
+    inp = StepInput(signals=signals, active=torch.ones(B, R, dtype=torch.bool), region_step=one * 0,
+                    region_initial=one * 8, region_active=one * 8, steps_per_region=8,
+                    positions=(6 + torch.arange(R)).expand(B, R).clone(), state=state, rows=torch.arange(B))
+    plain = L2PPolicy(step_l2p_filter(model), filter_block=4)
+    held = L2PPolicy(step_l2p_filter(model), filter_block=4, hold_end=True)
+    for p in (plain, held):
+        p.setup(gen_length=8, num_regions=1)  # one per step: the scheduled top-1
+    # plainly the filter accepts confidence > .5 (0-3), the top-1 is the end at 3; the first accepted end (slot 1,
+    # position 7) is the cut
+    chosen, cut = plain.decide(inp)
+    assert _slots(chosen) == [[0, 1, 2, 3]] and cut.tolist() == [7]
+    # held: 1 and 3 wait; the accepts are 0 and 2, the top-1 of the rest is 0; no end without text left: no cut
+    chosen, cut = held.decide(inp)
+    assert _slots(chosen) == [[0, 2]] and cut.tolist() == [L]
+    # once the text left of the first end is committed, it no longer waits: accepted and cut after it
+    inp.active[0, 0] = False
+    chosen, cut = held.decide(inp)
+    assert _slots(chosen) == [[1, 2]] and cut.tolist() == [7]
+
+
 @pytest.mark.parametrize("schedule", [{"window": 8}, {"block": 8}], ids=["window8", "block8"])
 def test_hold_end_fused_equals_reference(model, encoder, schedule):
     policy = TraceLockPolicy(_controller(model, encoder, confidence_input=True), encoder, theta=0.6, hold_end=True)

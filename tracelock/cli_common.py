@@ -30,8 +30,8 @@ REMOVED_IN = "0.2"
 TESTBED_TASKS = ("math", "code")
 TESTBED_SPLITS = ("train", "validation", "test")
 # `tracelock.policies.POLICIES` for the help texts, without importing torch (tested equal)
-POLICY_NAMES = ("confidence", "entropy", "factor", "l2p", "l2p-hidden", "maskgit_plus", "origin", "random",
-                "threshold", "topk", "topk_margin", "tracelock")
+POLICY_NAMES = ("confidence", "entropy", "factor", "frechet", "l2p", "l2p-hidden", "maskgit_plus", "origin",
+                "random", "threshold", "topk", "topk_margin", "tracelock")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -26,9 +26,9 @@ import numpy as np
 __all__ = ["HEURISTICS", "Curve", "format_matched", "gap_at_matched_steps", "matched_from_records", "matched_table",
            "recompute_matched", "steps_to_accuracy", "verdict"]
 
-# the rules that need no training: the families' schedule rules and Fast-dLLM's (both forms)
+# the rules that need no training: the families' schedule rules, Fast-dLLM's (both forms) and Fast-dLLM++'s
 HEURISTICS = ("confidence", "entropy", "maskgit_plus", "topk_margin", "random", "origin", "topk", "threshold",
-              "factor")
+              "factor", "frechet")
 
 
 class Curve:

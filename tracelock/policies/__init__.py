@@ -1,5 +1,6 @@
-"""The decoding policies behind one interface (:class:`Policy`): the published rules (LLaDA, Dream, Fast-dLLM)
-and the learned ones (TraceLock, Learn2PD); the name registry and the arguments a named policy is built with.
+"""The decoding policies behind one interface (:class:`Policy`): the published rules (LLaDA, Dream, Fast-dLLM,
+Fast-dLLM++) and the learned ones (TraceLock, Learn2PD); the name registry and the arguments a named policy is built
+with.
 
 Examples::
 
@@ -14,6 +15,7 @@ import inspect
 from .base import Policy, StepInput
 from .dream import EntropyPolicy, MaskGitPlusPolicy, OriginPolicy, TopKMarginPolicy
 from .fastdllm import FactorPolicy, ThresholdPolicy
+from .frechet import FrechetPolicy
 from .l2p import L2PHiddenPolicy, L2PPolicy
 from .llada import ConfidencePolicy, RandomPolicy, TopKPolicy
 from .tracelock import TraceLockPolicy
@@ -32,6 +34,7 @@ POLICIES: dict[str, type[Policy]] = {
         EntropyPolicy,
         ThresholdPolicy,
         FactorPolicy,
+        FrechetPolicy,
         TraceLockPolicy,
         L2PPolicy,
         L2PHiddenPolicy,

@@ -67,20 +67,27 @@ class FactorPolicy(Policy):
     Args:
         f (float): the factor, > 0. Default: 1.0.
         release_quirk (bool): reproduce the upstream N - 1 increment. Default: False.
+        hold_end (bool): not Fast-dLLM's: an end-of-text proposal commits only once no active slot left of it
+            proposes text (as ``threshold``'s ``hold_end``); the held slots leave the sorted confidences. Default:
+            False.
     """
 
     name = "factor"
     deterministic = True
 
-    def __init__(self, f: float = 1.0, release_quirk: bool = False) -> None:
+    def __init__(self, f: float = 1.0, release_quirk: bool = False, hold_end: bool = False) -> None:
         super().__init__()
         if not isinstance(f, int | float) or not (f > 0 and math.isfinite(f)):
             raise ValueError(f"f={f!r} must be a finite float > 0 (the n-th needs conf >= 1 - f/(n+1))")
+        if not isinstance(hold_end, bool):
+            raise TypeError(f"hold_end={hold_end!r} must be a bool (True: hold end-of-text behind the text)")
         self.f = float(f)
         self.release_quirk = bool(release_quirk)
+        self.hold_end = hold_end
 
     def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
-        conf, active = inp.signals.confidence, inp.active
+        conf = inp.signals.confidence
+        active = inp.active & ~held_ends(inp) if self.hold_end else inp.active
         order = active_first_order(conf, active)
         sorted_conf = conf.gather(-1, order)
         n = torch.arange(1, conf.shape[-1] + 1, device=conf.device, dtype=torch.float64)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .base import Policy, StepInput
+from .base import Policy, StepInput, held_ends
 from .llada import ConfidencePolicy
 
 __all__ = ["L2PHiddenPolicy", "L2PPolicy"]
@@ -62,6 +62,10 @@ class L2PPolicy(Policy):
         filter_block (int, optional): use the filter trained for this block size (a divisor of the region width).
             Default: the filter of the region's own width.
         eotp (bool): end-of-text prediction and truncation. Default: True.
+        hold_end (bool): not Learn2PD's: an end-of-text proposal with an active slot left of it that proposes text
+            is held (`held_ends`, as ``threshold``'s ``hold_end``): the filter's accepts skip it, the scheduled rule
+            ranks it last (``confidence``'s ``hold_end``), and end-of-text prediction cuts only at an end no masked
+            text proposal lies left of (the region's and the lookahead's). Default: False.
         model (DiffusionBackbone, optional): when given, the filters' backbone is checked against it now.
 
     Examples::
@@ -75,10 +79,12 @@ class L2PPolicy(Policy):
     kind = "confidence"
 
     def __init__(self, filters, threshold: float | None = None, steps: int | None = None,
-                 filter_block: int | None = None, eotp: bool = True, model=None) -> None:
+                 filter_block: int | None = None, eotp: bool = True, hold_end: bool = False, model=None) -> None:
         super().__init__()
         from tracelock.l2p.filter import DEFAULT_THRESHOLD
 
+        if not isinstance(hold_end, bool):
+            raise TypeError(f"hold_end={hold_end!r} must be a bool (True: hold end-of-text behind the text)")
         self._filters = _load(filters, self.kind)
         family = next(iter(self._filters.values())).config.family
         threshold = DEFAULT_THRESHOLD.get(family, 0.9) if threshold is None else threshold
@@ -89,9 +95,11 @@ class L2PPolicy(Policy):
         if model is not None:
             self._check_backbone(model)
         self.threshold, self.filter_block, self.eotp, self.family = float(threshold), filter_block, bool(eotp), family
+        self.hold_end = hold_end
         self.eot_lookahead = self.eotp
         # upstream: the LLaDA schedule (exactly one per step at steps = gen_length), ranked by neg-entropy on Dream
-        self._base = ConfidencePolicy(steps, score="neg_entropy" if family == "dream" else "confidence")
+        self._base = ConfidencePolicy(steps, score="neg_entropy" if family == "dream" else "confidence",
+                                      hold_end=hold_end)
         self._eos = next(iter(self._filters.values())).config.eos_id
         if self.eotp and self._eos is None:
             raise ValueError("these filters record no end token (eos_id), which end-of-text prediction needs; "
@@ -141,8 +149,9 @@ class L2PPolicy(Policy):
         return f(x.reshape(B * (R // w), w, *x.shape[2:])).reshape(B, R)
 
     def accepts(self, inp: StepInput) -> torch.Tensor:
-        """[B, R] the active slots the filter accepts."""
-        return inp.active & (torch.sigmoid(self.filter_logits(inp)) > self.threshold)
+        """[B, R] the active slots the filter accepts (never a held end with ``hold_end``)."""
+        active = inp.active & ~held_ends(inp) if self.hold_end else inp.active
+        return active & (torch.sigmoid(self.filter_logits(inp)) > self.threshold)
 
     def decide(self, inp: StepInput, generator: torch.Generator | None = None):
         accepted = self.accepts(inp)
@@ -154,7 +163,8 @@ class L2PPolicy(Policy):
 
     def end_cut(self, inp: StepInput, accepted: torch.Tensor) -> torch.Tensor:
         """[B] the last canvas position each row keeps (L: no cut). The filter's first accepted end token wins;
-        else the most confident masked position proposing it (the region's and the lookahead's), ties to the left."""
+        else the most confident masked position proposing it (the region's and the lookahead's), ties to the left;
+        with ``hold_end`` only one no masked text proposal lies left of."""
         if inp.positions is None or inp.state is None:
             raise ValueError("end-of-text prediction needs StepInput.positions and state; run the policy through "
                              "fused_generate / reference_generate")
@@ -165,12 +175,16 @@ class L2PPolicy(Policy):
             active = torch.cat([active, inp.lookahead.active], 1)
             proposal = torch.cat([sig.proposal, inp.lookahead.signals.proposal], 1)
             conf = torch.cat([sig.confidence, inp.lookahead.signals.confidence], 1)
+            eos_prob = torch.cat([sig.eos_prob, inp.lookahead.signals.eos_prob], 1)
         else:
-            proposal, conf = sig.proposal, sig.confidence
+            proposal, conf, eos_prob = sig.proposal, sig.confidence, sig.eos_prob
         R = accepted.shape[1]
         accepted_end = accepted & (sig.proposal == self._eos)
         first = pos[:, :R].gather(1, accepted_end.to(torch.uint8).argmax(1, keepdim=True)).squeeze(1)
         masked_end = active & (proposal == self._eos)
+        if self.hold_end:  # `held_ends` over the region and the lookahead, both in position order
+            text = active & ~((eos_prob >= conf) & (eos_prob > 0))
+            masked_end &= text.cumsum(1) == 0
         best = pos.gather(1, torch.where(masked_end, conf.float(), -torch.inf).argmax(1, keepdim=True)).squeeze(1)
         none = torch.full_like(first, L)
         return torch.where(accepted_end.any(1), first, torch.where(masked_end.any(1), best, none))
@@ -193,10 +207,11 @@ class L2PHiddenPolicy(L2PPolicy):
     kind = "hidden"
 
     def __init__(self, filters, encoder=None, threshold: float | None = None, steps: int | None = None,
-                 filter_block: int | None = None, eotp: bool = True, model=None) -> None:
+                 filter_block: int | None = None, eotp: bool = True, hold_end: bool = False, model=None) -> None:
         from tracelock.features import load_encoder
 
-        super().__init__(filters, threshold=threshold, steps=steps, filter_block=filter_block, eotp=eotp, model=model)
+        super().__init__(filters, threshold=threshold, steps=steps, filter_block=filter_block, eotp=eotp,
+                         hold_end=hold_end, model=model)
         if encoder is None:
             if not isinstance(filters, str | Path):
                 raise ValueError("encoder is required with filter objects: pass the TapEncoder they were trained "

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from .base import Policy, StepInput, active_count, check_steps, split_steps, topk_mask
+from .base import Policy, StepInput, active_count, check_steps, held_ends, split_steps, topk_mask
 
-__all__ = ["ConfidencePolicy", "RandomPolicy", "TopKPolicy", "llada_schedule_k"]
+__all__ = ["ConfidencePolicy", "RandomPolicy", "TopKPolicy", "held_last_topk", "llada_schedule_k"]
 
 
 def llada_schedule_k(inp: StepInput, steps_per_region: int) -> torch.Tensor:
@@ -21,6 +21,14 @@ def llada_schedule_k(inp: StepInput, steps_per_region: int) -> torch.Tensor:
     k = m // steps_per_region + (i < m % steps_per_region).long()
     n_active = active_count(inp.active)
     return torch.where(i >= steps_per_region, n_active, torch.minimum(k, n_active))
+
+
+def held_last_topk(score: torch.Tensor, active: torch.Tensor, held: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """[B, R] the ``k[b]`` best active slots of each row with the ``held`` ones ranked after all the others: the
+    free slots by score first, then, only where k exceeds them, the held ones by score."""
+    free = active & ~held
+    chosen = topk_mask(score, free, k)
+    return chosen | topk_mask(score, active & held, (k - active_count(free)).clamp(min=0))
 
 
 class _ScheduledPolicy(Policy):
@@ -50,20 +58,30 @@ class ConfidencePolicy(_ScheduledPolicy):
         steps (int, optional): total steps, a multiple of the region count. Default: gen_length.
         score (str): the certainty to rank by: "confidence" (max probability, LLaDA), "margin" (p1 - p2) or
             "neg_entropy" (sum p log p, Dream). Default: "confidence".
+        hold_end (bool): not LLaDA's: an end-of-text proposal with an active slot left of it that proposes text
+            ranks after every other active slot (`held_ends`, as ``threshold``'s ``hold_end``), so it commits only
+            once no text is left of it or in the same step as the last of that text; the schedule's count per step
+            stays, and so do the steps. At one token per step a held end never commits. Default: False.
     """
 
     name = "confidence"
     deterministic = True
 
-    def __init__(self, steps: int | None = None, score: str = "confidence") -> None:
+    def __init__(self, steps: int | None = None, score: str = "confidence", hold_end: bool = False) -> None:
         super().__init__(steps)
         if score not in SCORES:
             raise ValueError(f"score={score!r} is not a certainty score; choose one of {', '.join(SCORES)}")
+        if not isinstance(hold_end, bool):
+            raise TypeError(f"hold_end={hold_end!r} must be a bool (True: hold end-of-text behind the text)")
         self.score = score
+        self.hold_end = hold_end
 
     def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
         score = getattr(inp.signals, self.score)
-        return topk_mask(score, inp.active, llada_schedule_k(inp, self.steps_per_region()))
+        k = llada_schedule_k(inp, self.steps_per_region())
+        if not self.hold_end:
+            return topk_mask(score, inp.active, k)
+        return held_last_topk(score, inp.active, held_ends(inp), k)
 
 
 class RandomPolicy(_ScheduledPolicy):
