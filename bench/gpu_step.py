@@ -1,8 +1,8 @@
-"""One decode step on one GPU: where its time goes, the two Triton kernels against their roofline, TraceLock's own
-step against the bare step, and a weight-only int8 step (bench/gpu_step_session.sh runs it).
+"""One decode step on one GPU: where its time goes, the two Triton kernels against their roofline, and TraceLock's own
+step against the bare step (bench/gpu_step_session.sh runs it; quantized weights: bench/gpu_quant.py).
 
 At a released model's shape (``--shape``, default LLaDA-8B) with random bf16 weights, B = 1, gen 256, blocks of 32,
-Fast-dLLM's threshold 0.9 with the dual cache (the setting of bench/gpu_decode.py), four stages, each guarded (an
+Fast-dLLM's threshold 0.9 with the dual cache (the setting of bench/gpu_decode.py), three stages, each guarded (an
 error is recorded in its place and the next stage runs) and each skipped, with the reason, when the time budget
 (``--budget`` seconds) has less left than it needs:
 
@@ -19,9 +19,7 @@ error is recorded in its place and the next stage runs) and each skipped, with t
 3. ``tracelock_step``: an untrained controller of the shipped architecture (hidden 4096 at LLaDA-8B) in the engine,
    window 32 with the dual cache, under the shipped commit rule (hold_end, confidence fallback; the paper's rule
    beside it), against the confidence rule's bare step on the same engine setting (CUDA graphs; goal 1.05x), and
-   the commit kernel's own time per step (checked against its spec first);
-4. ``int8``: torchao's weight-only int8 on every linear layer but the LM head (only when ``import torchao`` works),
-   the cached step against the int8 weight-read floor; else the reason it was skipped.
+   the commit kernel's own time per step (checked against its spec first).
 
 ``--dry-run`` runs every stage on the CPU at the micro checkpoint's shape (no bandwidth; the Triton kernels under
 ``TRITON_INTERPRET=1``, else their torch specs; CPU ops in place of kernels in the profile):
@@ -280,44 +278,6 @@ def tracelock_step_stage(model, prompt, gen, width, device, mode) -> dict:
     return out
 
 
-# ---- 4. weight-only int8 (torchao) --------------------------------------------------------------------------------
-
-def stored_bytes(t: torch.Tensor) -> int:
-    """The bytes a tensor's storage holds: a tensor subclass (torchao's quantized weights) is the sum of the tensors
-    it flattens to (``__tensor_flatten__``: int8 data, scales, zero points), a plain tensor its elements."""
-    if hasattr(t, "__tensor_flatten__"):
-        names, _ = t.__tensor_flatten__()
-        return sum(stored_bytes(getattr(t, n)) for n in names)
-    return t.numel() * t.element_size()
-
-
-def int8_stage(model, prompt, settings, device, mode, bandwidth) -> dict:
-    """torchao's weight-only int8 on every linear layer but the LM head (the Triton head reads its bf16 weight); the
-    cached step against the floor of the int8 weights. Skipped, with the reason, without torchao or a GPU."""
-    if device.type != "cuda":
-        return dict(skipped="no CUDA device: torchao's int8 weight-only kernels are GPU kernels")
-    try:
-        import torchao
-        from torchao.quantization import quantize_
-    except ImportError as err:
-        return dict(skipped=f"import torchao failed: {err}")
-    try:
-        from torchao.quantization import Int8WeightOnlyConfig
-        config = Int8WeightOnlyConfig()
-    except ImportError:  # older torchao
-        from torchao.quantization import int8_weight_only
-        config = int8_weight_only()
-    quantize_(model, config, filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear) and not fqn.endswith("lm_head"))
-    # int8 weights and their per-channel scales, the bf16 LM head and norms: every parameter but the embedding
-    read = sum(stored_bytes(p) for name, p in model.named_parameters() if name != "embed.weight")
-    steps = gpu_decode.time_engine_steps(model, [prompt], settings, device, mode)
-    out = dict(torchao=torchao.__version__, config=type(config).__name__ if not callable(config) else str(config),
-               weight_bytes_per_step=read, engine_mode=mode, steps=steps)
-    if bandwidth:
-        out.update(floor_seconds=read / bandwidth, cached_over_floor=steps["cached_step_median"] * bandwidth / read)
-    return out
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="folder for the JSON and the markdown (created)")
@@ -355,8 +315,6 @@ def main(argv=None):
                                                        flop_rate), save, budget, 20)
     run_stage(result, "tracelock_step", lambda: tracelock_step_stage(model, prompt, gen, block, device, mode), save,
               budget, 40)
-    # last: quantization rewrites the model's linear layers in place
-    run_stage(result, "int8", lambda: int8_stage(model, prompt, settings, device, mode, bandwidth), save, budget, 20)
     log("wrote", path)
     return result
 

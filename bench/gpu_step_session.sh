@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The decode step at the weight-read floor, on one lent H100/H200, in one call (stage limits sum to 8 min 55 s):
+# The decode step at the weight-read floor, on one lent H100/H200, in one call (stage limits sum to 9 min 25 s):
 #  1. bench/gpu_backbone.py at LLaDA-8B's shape: the weight-read floor two ways (datasheet, a measured copy) and the
 #     cached step of each way of running the backbone (hand-written kernels as CUDA graphs, plus the Triton
 #     products; regional torch.compile with the specs or the kernels) at B = 1 and 32, the fastest recorded;
@@ -11,8 +11,10 @@
 #  4. the Triton kernels' parity tests natively, each autotune config on its own (against kernels/ref.py);
 #  5. bench/gpu_step.py at LLaDA-8B's shape: torch.profiler on one refresh and one cached step (profile-llada-8b.md),
 #     the head and tap kernels against their roofline, TraceLock's step with the shipped commit rule against the bare
-#     step (goal 1.05x) and the commit kernel per step, torchao's int8 when it imports;
-#  6. Dream-7B's shape: the backbone variants at B = 1 and the race.
+#     step (goal 1.05x) and the commit kernel per step;
+#  6. bench/gpu_quant.py at LLaDA-8B's shape: torchao's int8, int4 (tile_packed_to_4d) and fp8 (per row): quantizing's
+#     seconds, the cached step per format against its own floor and against bf16, B = 1 then 32;
+#  7. Dream-7B's shape: the backbone variants at B = 1 and the race.
 # Every script rewrites its JSON after each stage and skips a stage its time budget cannot fit, so a stage cut off
 # by its timeout keeps what the earlier stages measured.
 #
@@ -50,6 +52,11 @@ if [ -n "$PEER" ] && ! python3 -c "import einops" 2>/dev/null && [ -d bench/.pee
   timeout 30 python3 -m pip install -q --no-index --find-links bench/.peers/wheels einops >/tmp/pip-peer.log 2>&1 \
     || tail -5 /tmp/pip-peer.log
 fi
+# torchao (the quant extra) for stage 6, from the same wheels
+if ! python3 -c "import torchao" 2>/dev/null && ls bench/.peers/wheels/torchao-*.whl >/dev/null 2>&1; then
+  timeout 30 python3 -m pip install -q --no-deps --no-index --find-links bench/.peers/wheels torchao \
+    >/tmp/pip-torchao.log 2>&1 || tail -5 /tmp/pip-torchao.log
+fi
 
 stage "machine"
 nvidia-smi -L 2>/dev/null || echo "no nvidia-smi (dry run?)"
@@ -82,8 +89,11 @@ else
     -k "every_config or real_vocab or rule or matches" 2>&1 | tail -4
 fi
 
-stage "LLaDA-8B shape: profile of a refresh and a cached step, kernels vs roofline, TraceLock's step, int8"
-timeout 95 python3 bench/gpu_step.py --out "$OUT" --shape llada-8b --budget 85 "${COMMON[@]}" 2>&1 | quiet | tail -45
+stage "LLaDA-8B shape: profile of a refresh and a cached step, kernels vs roofline, TraceLock's step"
+timeout 80 python3 bench/gpu_step.py --out "$OUT" --shape llada-8b --budget 70 "${COMMON[@]}" 2>&1 | quiet | tail -45
+
+stage "LLaDA-8B shape: quantized weights (torchao int8, int4, fp8): the cached step per format, B = 1 then 32"
+timeout 45 python3 bench/gpu_quant.py --out "$OUT" --shape llada-8b --budget 38 "${COMMON[@]}" 2>&1 | quiet | tail -16
 
 stage "Dream-7B shape: the backbone variants at B = 1, then k per step against Fast-dLLM's own code"
 timeout 35 python3 bench/gpu_backbone.py --out "$OUT" --shape dream-7b --budget 30 --batches 1 "${COMMON[@]}" 2>&1 | quiet | tail -8

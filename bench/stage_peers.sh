@@ -17,4 +17,6 @@ mkdir -p bench/.peers/wheels
 cp -r "$SRC" bench/.peers/fast-dllm
 # Fast-dLLM's LLaDA model imports einops; the device machine has no network
 python3 -m pip download -q --no-deps --only-binary=:all: -d bench/.peers/wheels "einops==0.8.2"
+# bench/gpu_quant.py's torchao (the quant extra, pinned in constraints.txt)
+python3 -m pip download -q --no-deps --only-binary=:all: -d bench/.peers/wheels "torchao==0.18.0"
 du -sh bench/.peers

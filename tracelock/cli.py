@@ -22,6 +22,7 @@ from tracelock.cli_common import (
     add_model,
     add_model_dtype,
     add_policy,
+    add_quantize,
     add_runtime_options,
     add_schedule,
     add_settings,
@@ -254,6 +255,7 @@ def _add_generate(sub):
     add_batch_size(p, default=1, extra="prompts are left-padded; the same results")
     p.add_argument("--no-chat-template", action="store_true", help="encode prompts as they are")
     add_model_dtype(p)
+    add_quantize(p)
     add_device(p)
     p.add_argument("--impl", choices=["torch", "cpp", "triton", "cuda"],
                    help="op implementation (default: $TRACELOCK_IMPL, else the fastest available)")
@@ -311,11 +313,19 @@ def _gen_lengths(args) -> list:
 
 def check_model_options(args) -> None:
     """What the model's own files bound, checked before its weights load (minutes for an 8B checkpoint): float16
-    needs CUDA, and every generation length leaves room for a prompt in the checkpoint's positions (its config)."""
+    needs CUDA, a --quantize format runs on the device (and torchao is installed), and every generation length leaves
+    room for a prompt in the checkpoint's positions (its config)."""
     dtype, device = getattr(args, "model_dtype", None), str(getattr(args, "device", None) or "cpu")
     if dtype == "float16" and not device.startswith("cuda"):
         raise ValueError("--model-dtype float16 runs on CUDA only (--device cuda); on the CPU pass --model-dtype "
                          "float32 or bfloat16")
+    if getattr(args, "quantize", None):  # the format on this device and dtype, and torchao (the quant extra)
+        import torch
+
+        from tracelock.models.quantize import check_quantize
+
+        check_quantize(args.quantize, device, getattr(torch, dtype or "float32"), option="--quantize",
+                       dtype_option="--model-dtype")
     lengths, model = _gen_lengths(args), getattr(args, "model", None)
     if not lengths or not isinstance(model, str) or not model:
         return

@@ -1,8 +1,9 @@
 """What every `tracelock` subcommand shares: one grammar (docs/cli.md, "The grammar").
 
 - The options several commands have are defined once, here (`OPTIONS` holds their help texts; `add_model`,
-  `add_device`, `add_model_dtype`, `add_schedule`, `add_settings`, `add_policy`, `add_limit`, ``--threads`` and
-  ``--quiet``), so the same flag means the same thing, and says so in the same words, in every subcommand.
+  `add_device`, `add_model_dtype`, `add_quantize`, `add_schedule`, `add_settings`, `add_policy`, `add_limit`,
+  ``--threads`` and ``--quiet``), so the same flag means the same thing, and says so in the same words, in every
+  subcommand.
 - One setting is ``--gen-length N`` with ``--block W`` or ``--window W`` in every command that decodes; the commands
   that compare settings also take several, ``--settings GEN/WIDTH,...`` with ``--schedule``.
 - A singular flag takes one value, a plural one a comma-separated list (the one list separator): ``--policy SPEC``,
@@ -321,6 +322,9 @@ OPTIONS = {
                "or testbed-dream",
     "--device": "where the model runs: cpu or cuda[:i]",
     "--model-dtype": "dtype of the backbone's weights and compute (float16 on CUDA only)",
+    "--quantize": "the transformer blocks' weights quantized through torchao (the quant extra): int8 (CPU and CUDA), "
+                  "int4 or fp8 (CUDA, --model-dtype bfloat16); the LM head, norms and activations stay in "
+                  "--model-dtype (default: none, every weight in --model-dtype)",
     "--gen-length": "tokens generated per prompt (LLaDA's gen_length)",
     "--block": "semi-AR block length, divides --gen-length (LLaDA's block_length)",
     "--window": "soft-crop window width (TraceLock's schedule)",
@@ -464,6 +468,15 @@ def add_model_dtype(parser, *, old: tuple = ("--dtype",)) -> None:
     parser.add_argument("--model-dtype", default="float32", choices=choices, help=option_help("--model-dtype"))
     for spelling in old:
         add_alias(parser, spelling, "--model-dtype", dest="model_dtype", choices=choices)
+
+
+QUANTIZE_FORMATS = ("int8", "int4", "fp8")  # tracelock.models.quantize.FORMATS, without importing torch (tested equal)
+
+
+def add_quantize(parser) -> None:
+    """``--quantize FORMAT``: quantized weights (`tracelock.models.quantize`); checked before the model loads."""
+    parser.add_argument("--quantize", choices=list(QUANTIZE_FORMATS), metavar="FORMAT",
+                        help=option_help("--quantize") + f"; formats: {', '.join(QUANTIZE_FORMATS)}")
 
 
 # every task kind `tracelock eval` runs (tracelock.eval.tasks), for "did you mean" without importing it

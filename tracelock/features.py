@@ -20,6 +20,7 @@ from torch import nn
 
 from tracelock.atomic import atomic_write_text
 from tracelock.integrity import CorruptFileError, load_tensors, read_json, save_tensors
+from tracelock.models.sample import WEIGHT_SAMPLE, weights_sample  # noqa: F401  (this module's names before)
 
 # the paper's widths; anything up to the backbone's hidden size may be asked for
 REFERENCE_HIDDEN_DIM = 256
@@ -36,24 +37,10 @@ CONFIG_FILE, WEIGHTS_FILE = "encoder.json", "encoder.safetensors"
 FORMAT = "tracelock-encoder/1"
 
 
-# a weight sample of this many values tells two backbones of the same shape apart; they count as the same backbone
-# when the samples differ by at most WEIGHTS_TOLERANCE (relative L2), so the same checkpoint loaded in bf16 or fp16
-# (rounding moves the sample by < 0.4%) still matches, while another checkpoint differs by order 1
-WEIGHT_SAMPLE, WEIGHTS_TOLERANCE = 64, 0.02
-
-
-def weights_sample(model, k: int = WEIGHT_SAMPLE) -> list:
-    """``k`` weights at fixed places of the backbone's matrices (norm weights start equal in every model, so they
-    are left out), rounded to 5 significant digits so the list survives a JSON round trip unchanged."""
-    # the released layout's matrices (q/k/v and gate/up apart, as the checkpoints hold them), so a sample does not
-    # depend on how the backbone fuses its products
-    weights = model.released_weights() if hasattr(model, "released_weights") else dict(model.named_parameters())
-    mats = [p for _, p in sorted(weights.items(), key=lambda kv: kv[0]) if p.dim() >= 2]
-    picks = []
-    for i in range(k):
-        flat = mats[i % len(mats)].detach().reshape(-1)
-        picks.append(flat[(i * 2654435761) % flat.numel()])
-    return [float(f"{v:.5g}") for v in torch.stack(picks).float().cpu().tolist()]
+# two backbones count as the same when their weight samples (`tracelock.models.sample`) differ by at most
+# WEIGHTS_TOLERANCE (relative L2), so the same checkpoint loaded in bf16 or fp16 (rounding moves the sample by < 0.4%)
+# still matches, while another checkpoint differs by order 1
+WEIGHTS_TOLERANCE = 0.02
 
 
 def backbone_fingerprint(model_or_spec) -> dict:

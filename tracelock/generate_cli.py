@@ -43,12 +43,14 @@ def check_arguments(args) -> tuple[str, dict]:
 def run_generate(args) -> int:
     policy, policy_args = check_arguments(args)
     prompts = read_prompts(args)
-    model = load_model(args.model, dtype=getattr(torch, args.model_dtype), device=args.device)
+    model = load_model(args.model, dtype=getattr(torch, args.model_dtype), device=args.device,
+                       quantize=args.quantize)
     tokenizer = load_tokenizer(args.model)
     settings = dict(model=str(args.model), policy=policy, policy_args=policy_args, gen_length=args.gen_length,
                     block=args.block, window=args.window, temperature=args.temperature, cfg_scale=args.cfg_scale,
                     stop_at_eot=args.stop_at_eot, idle_steps=args.idle_steps, seed=args.seed, dtype=args.model_dtype,
-                    cache=args.cache, refresh_every=args.refresh_every, refresh_shift=args.refresh_shift)
+                    quantize=args.quantize, cache=args.cache, refresh_every=args.refresh_every,
+                    refresh_shift=args.refresh_shift)
     out = open(args.out, "w") if args.out else sys.stdout
     try:
         bar = progress_bar(total=len(prompts), disable=len(prompts) < 2, desc="generate", unit="prompt")

@@ -25,7 +25,7 @@ def run_eval_cli(args) -> int:
             rows = run_eval(args.model, task, policies, settings, folder, n=args.limit, seed=args.seed,
                             batch_size=args.batch_size, schedule=args.schedule, controller=args.controller,
                             l2p=args.l2p, rank=rank, world_size=world, dtype=args.model_dtype, device=device,
-                            workers=args.workers, judge=judge, progress=status)
+                            quantize=args.quantize, workers=args.workers, judge=judge, progress=status)
             if rows is not None:
                 print(f"{task}: {rows[0]['metric_name']} / average steps per item:")
                 print(summary_table(rows, [s.label for s in settings], [p.label for p in policies]))
@@ -46,7 +46,7 @@ def add_run_arguments(p) -> None:
 
 
 def add_parsers(sub) -> None:
-    from tracelock.cli_common import add_alias, add_model, add_settings, option_help, positive_int
+    from tracelock.cli_common import add_alias, add_model, add_quantize, add_settings, option_help, positive_int
 
     p = sub.add_parser("eval", help="every policy on the same prompts: metric and steps per setting (resumable, "
                                     "torchrun-ready)")
@@ -72,4 +72,5 @@ def add_parsers(sub) -> None:
     p.add_argument("--judge-local", help="qa: a transformers chat model folder as the judge, instead of --judge-url "
                                          "(default: none)")
     add_run_arguments(p)
+    add_quantize(p)
     p.set_defaults(func=run_eval_cli)

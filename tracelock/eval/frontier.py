@@ -293,10 +293,11 @@ def _machine(device) -> dict:
 
 def run_frontier(model, tasks: list, settings: list, sweeps: list, out, *, split="test", limit=None, tolerance=0.01,
                  controller=None, l2p=None, batch_size=32, seed=0, schedule="auto", device="cpu", dtype="float32",
-                 workers=2, progress=None, command=None) -> dict:
+                 quantize=None, workers=2, progress=None, command=None) -> dict:
     """Decode every sweep point (and the family's reference rule at one token per step) on each task and setting;
     write ``frontier.json``, ``frontier.csv`` and ``frontier.png`` in ``out`` (with the cells an earlier call left there
-    on the same draw of items); return the result."""
+    on the same draw of items); return the result. ``quantize`` decodes with quantized weights (`load_model`'s); one
+    folder holds one format."""
     from tracelock.eval.runner import run_eval
 
     if split not in SPLITS:
@@ -316,6 +317,8 @@ def run_frontier(model, tasks: list, settings: list, sweeps: list, out, *, split
     result = dict(model=str(model), family=family, split=split, limit=limit, seed=seed, tolerance=tolerance,
                   reference_rule=reference_sweep(ref_name, ref_args).curve + ", one token per step", command=command,
                   machine=_machine(device), tasks={})
+    if quantize:
+        result["quantize"] = quantize
     result["tasks"], records = _earlier_cells(out, result)
     for task in tasks:
         if not task.startswith("testbed:") and split != "test":
@@ -331,7 +334,7 @@ def run_frontier(model, tasks: list, settings: list, sweeps: list, out, *, split
             folder = out / slug(task) / setting.slug
             rows = run_eval(model, spec, policies, [setting], folder, n=limit, seed=seed,
                             batch_size=batch_size, schedule=schedule, controller=controller, l2p=l2p, device=device,
-                            dtype=dtype, workers=workers, progress=progress)
+                            dtype=dtype, quantize=quantize, workers=workers, progress=progress)
             summary = summarize_setting(rows, sweeps, reference, tolerance)
             recs = setting_records(folder / "runs" / setting.slug, policies)
             records.setdefault(task, {})[setting.label] = recs
@@ -359,7 +362,7 @@ def _earlier_cells(out: Path, result: dict) -> tuple[dict, dict]:
         records = json.loads((out / "records.json").read_text())
     except (OSError, ValueError):
         return {}, {}
-    if any(earlier.get(k) != result[k] for k in _SAME_DRAW):
+    if any(earlier.get(k) != result[k] for k in _SAME_DRAW) or earlier.get("quantize") != result.get("quantize"):
         return {}, {}
     cells = earlier.get("tasks", {})
     for task_cells in cells.values():  # cells of a file from before the per-cell machine: the file's machine
@@ -410,7 +413,7 @@ def _run(args) -> int:
                           parse_settings(args.settings), sweeps, args.out, split=args.split, limit=args.limit,
                           tolerance=args.tolerance, controller=args.controller, l2p=args.l2p,
                           batch_size=args.batch_size, seed=args.seed, schedule=args.schedule, device=args.device,
-                          dtype=args.model_dtype, workers=args.workers,
+                          dtype=args.model_dtype, quantize=args.quantize, workers=args.workers,
                           progress=lambda what: print(f"  {what}", file=sys.stderr, flush=True),
                           command=shlex.join(["tracelock", *sys.argv[1:]]))
     print(format_summary(result))
@@ -426,6 +429,7 @@ def add_parsers(sub) -> None:
         add_limit,
         add_model,
         add_model_dtype,
+        add_quantize,
         add_settings,
         option_help,
         seed_int,
@@ -456,6 +460,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random draw of items (default: 0)")
     p.add_argument("--workers", type=workers_int, default=2, help="sandbox processes for code scoring (default: 2)")
     add_model_dtype(p, old=())
+    add_quantize(p)
     add_device(p)
     p.add_argument("--out", required=True, help="folder: one eval run per task and setting, frontier.json/csv/png")
     p.set_defaults(func=_run)

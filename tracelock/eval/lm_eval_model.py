@@ -11,7 +11,8 @@ themselves (0.4.13, the current one; upstream has merged such discovery). Nothin
 ``--model_args``: ``pretrained`` (a checkpoint folder or ``testbed``), ``policy`` (a name of
 ``tracelock.policies.POLICIES``), ``gen_length``, ``block`` or ``window`` (default ``block=32``), ``cache``
 (``prefix`` | ``dual``), ``refresh_every``, ``refresh_shift``, ``controller`` (TraceLock's folder), ``l2p``
-(Learn2PD's filters), ``dtype`` (``float32`` | ``bfloat16`` | ``float16``), ``seed``, ``mc_samples`` / ``mc_batch``
+(Learn2PD's filters), ``dtype`` (``float32`` | ``bfloat16`` | ``float16``), ``quantize`` (``int8`` | ``int4`` |
+``fp8``: `tracelock.models.quantize`), ``seed``, ``mc_samples`` / ``mc_batch``
 / ``check_greedy`` (log-likelihood, below); every other key is an argument of the policy (``tau=0.9``).
 ``--batch_size`` and ``--device`` are lm-eval's own options.
 
@@ -54,7 +55,8 @@ class TraceLockLM(LM):
     def __init__(self, pretrained: str = "testbed", policy: str = "threshold", gen_length: int = 256,
                  block: int | None = None, window: int | None = None, cache: str | None = None,
                  refresh_every: int | None = None, refresh_shift: int | None = None, controller: str | None = None,
-                 l2p: str | None = None, dtype: str = "float32", device: str | None = None, batch_size=16,
+                 l2p: str | None = None, dtype: str = "float32", quantize: str | None = None,
+                 device: str | None = None, batch_size=16,
                  max_batch_size=None, seed: int = 0, mc_samples: int = 128, mc_batch: int = 32,
                  check_greedy: bool = False, **policy_args):
         super().__init__()
@@ -76,7 +78,7 @@ class TraceLockLM(LM):
             if device is not None:
                 log.warning("device=%s asked for but CUDA is not available; decoding on the CPU", device)
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = load_model(pretrained, dtype=getattr(torch, dtype), device=device)
+        self.model = load_model(pretrained, dtype=getattr(torch, dtype), device=device, quantize=quantize)
         self.tokenizer = load_tokenizer(pretrained)
         self.pretrained, self.seed = str(pretrained), int(seed)
         self.batch_size = _batch_size(batch_size)

@@ -295,7 +295,7 @@ def _check_manifest(out: Path, manifest: dict) -> None:
         atomic_write_json(path, manifest)
         return
     old = json.loads(path.read_text())
-    keys = ("task", "model", "model_fingerprint", "n", "seed", "schedule", "controller", "l2p")
+    keys = ("task", "model", "model_fingerprint", "n", "seed", "schedule", "controller", "l2p", "quantize")
     changed = [k for k in keys if old.get(k) != manifest.get(k)]
     if changed:
         raise ValueError(f"{out} holds a run with other {', '.join(changed)} "
@@ -310,22 +310,25 @@ def _check_manifest(out: Path, manifest: dict) -> None:
 
 def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *, n=None, seed=0, batch_size=32,
              schedule="auto", controller=None, l2p=None, rank=0, world_size=1, dtype="float32", device="cpu",
-             workers=2, judge=None, progress=None) -> list | None:
+             quantize=None, workers=2, judge=None, progress=None) -> list | None:
     """Decode ``n`` of ``task_spec``'s items (a random draw with ``seed``) with every policy at every setting into
     ``out``.
 
     Returns the summary rows on rank 0 (None elsewhere). A judged task (QA) is ranked by ``judge`` (a
     `tracelock.eval.judge.Judge`, see `tracelock.eval.judging`) on rank 0 after decoding; without one its rows
-    hold ``metric=None`` (unjudged) unless an earlier call judged them.
+    hold ``metric=None`` (unjudged) unless an earlier call judged them. ``quantize`` ("int8", ...) loads the model
+    with quantized weights (`tracelock.models.quantize`); a run folder holds one format.
     """
     import torch
 
     from tracelock.eval.tasks import make_task
     from tracelock.models import load_model, load_tokenizer
+    from tracelock.models.quantize import check_quantize
     from tracelock.recording.collect import model_fingerprint
 
     if schedule not in ("auto", "block", "window"):
         raise ValueError(f"schedule={schedule!r} must be auto, block or window")
+    quantize = check_quantize(quantize, device, getattr(torch, dtype))  # before the folder records it
     if any(p.name == "tracelock" and "controller" not in p.policy_args for p in policies) and controller is None:
         raise ValueError("a tracelock policy needs --controller DIR (a `tracelock train --out` folder, or testbed / "
                          "testbed-dream for a bundled model's shipped controller) or its own controller=DIR")
@@ -342,6 +345,7 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
                     model_fingerprint=model_fingerprint(model_path), n=len(items), seed=seed, schedule=schedule,
                     controller=None if controller is None else str(controller),
                     l2p=None if l2p is None else str(l2p), dtype=dtype,
+                    **({"quantize": quantize} if quantize else {}),
                     policies=[dict(label=p.label, slug=p.slug, name=p.name, args=p.args,
                                    schedule=schedule_kind(p, schedule)) for p in policies],
                     settings=[dict(label=s.label, slug=s.slug, gen_length=s.gen_length, width=s.width)
@@ -354,7 +358,7 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
             _check_manifest(out, manifest)
         if world_size > 1:
             torch.distributed.barrier()
-        model = load_model(model_path, dtype=getattr(torch, dtype), device=device)
+        model = load_model(model_path, dtype=getattr(torch, dtype), device=device, quantize=quantize)
         tokenizer = load_tokenizer(model_path)
         mine = items[rank::world_size]
         for setting in settings:

@@ -138,7 +138,7 @@ def _check_shipped_digest(folder: Path) -> None:
                               "copy the model folder again (the bundled one: reinstall tracelock)")
 
 
-def load_model(path, *, dtype=torch.float32, device="cpu") -> DiffusionBackbone:
+def load_model(path, *, dtype=torch.float32, device="cpu", quantize=None) -> DiffusionBackbone:
     """Load an HF checkpoint folder of LLaDA or Dream (official key names) as a frozen `DiffusionBackbone`.
 
     Args:
@@ -147,11 +147,19 @@ def load_model(path, *, dtype=torch.float32, device="cpu") -> DiffusionBackbone:
             cache or downloaded into it); or "testbed" / "testbed-dream", the bundled models.
         dtype (torch.dtype): parameter dtype. Default: torch.float32.
         device: "cpu" or "cuda[:i]". Default: "cpu".
+        quantize (str, optional): quantized weights through torchao (the ``quant`` extra): "int8" (CPU and CUDA),
+            "int4" or "fp8" (CUDA, bfloat16); the LM head, norms and embedding stay in ``dtype``
+            (`tracelock.models.quantize`). A format ``device`` cannot run is refused before any weight is read.
+            Default: None (the weights in ``dtype``).
 
     Returns:
-        DiffusionBackbone in eval mode with ``requires_grad=False``; ``model.spec`` is its `ModelSpec`.
+        DiffusionBackbone in eval mode with ``requires_grad=False``; ``model.spec`` is its `ModelSpec`,
+        ``model.quantization`` its format (None: not quantized).
     """
+    from tracelock.models.quantize import check_quantize, quantize_model
+
     check_dtype(dtype, device)
+    quantize = check_quantize(quantize, device, dtype)
     folder = resolve_path(path)
     spec = ModelSpec.from_pretrained(folder)
     files = _tensor_files(folder)
@@ -184,7 +192,7 @@ def load_model(path, *, dtype=torch.float32, device="cpu") -> DiffusionBackbone:
                 state[name] = f.get_tensor(key).to(device=device, dtype=dtype)
     model.load_released(state)
     model.eval().requires_grad_(False)
-    return model
+    return quantize_model(model, quantize)
 
 
 def load_tokenizer(path):

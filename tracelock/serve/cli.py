@@ -128,7 +128,8 @@ def build_state(args):
     serve_config(args, ModelSpec.from_pretrained(resolve_path(args.model)).max_positions)  # bad options: fail now
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = load_model(args.model, dtype=getattr(torch, args.model_dtype), device=args.device)
+    model = load_model(args.model, dtype=getattr(torch, args.model_dtype), device=args.device,
+                       quantize=args.quantize)
     tokenizer = load_tokenizer(args.model)
     config = serve_config(args, model.spec.max_positions)
     for p in config.policies:  # a policy that cannot be built (e.g. tracelock without --controller) fails now
@@ -206,6 +207,7 @@ def add_parsers(sub) -> None:
         add_device,
         add_model,
         add_model_dtype,
+        add_quantize,
         bounded_int,
         gen_length_int,
         option_help,
@@ -256,6 +258,7 @@ def add_parsers(sub) -> None:
                    help="on SIGTERM / Ctrl-C, seconds the requests in the server get to finish before they are "
                         "cancelled (default 60)")
     add_model_dtype(p, old=())
+    add_quantize(p)
     add_device(p)
     p.add_argument("--compile", nargs="?", const="inductor", choices=["inductor", "cudagraphs"],
                    help="compile the decode steps: inductor (torch.compile; with CUDA graphs on CUDA) or cudagraphs "
