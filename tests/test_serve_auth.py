@@ -45,6 +45,25 @@ def test_a_request_with_a_wrong_key_gets_401_with_an_openai_error_body(base_url)
         client(base_url, "wrong-key").models.list()
 
 
+def _errors(root: str, endpoint: str) -> float:
+    """tracelock_requests_total{endpoint, outcome="error"} as /metrics reads now (0 before the first)."""
+    with urllib.request.urlopen(root + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    line = f'tracelock_requests_total{{endpoint="{endpoint}",outcome="error"}} '
+    found = re.search(re.escape(line) + r"(\S+)", text)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_refused_key_counts_as_an_error_in_metrics(base_url):
+    root = base_url.removesuffix("/v1")
+    before = _errors(root, "chat"), _errors(root, "completions")
+    with pytest.raises(openai.AuthenticationError):
+        client(base_url, "wrong-key").chat.completions.create(model="llada-mini", messages=ASK, max_tokens=16)
+    with pytest.raises(openai.AuthenticationError):
+        client(base_url, "wrong-key").completions.create(model="llada-mini", prompt="2 + 2 =", max_tokens=16)
+    assert (_errors(root, "chat"), _errors(root, "completions")) == (before[0] + 1, before[1] + 1)
+
+
 def test_health_and_metrics_stay_open(base_url):
     root = base_url.removesuffix("/v1")
     for path in ("/health", "/metrics"):

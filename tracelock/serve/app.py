@@ -106,7 +106,7 @@ def create_app(state: ServerState) -> FastAPI:
     config, metrics = state.config, state.metrics
     app = FastAPI(title="tracelock", docs_url=None, redoc_url=None, openapi_url=None)
     if config.api_key is not None:
-        app.add_middleware(RequireAPIKey, api_key=config.api_key)
+        app.add_middleware(RequireAPIKey, api_key=config.api_key, metrics=metrics)
 
     def error_response(err: APIError, endpoint: str) -> JSONResponse:
         metrics.inc("requests_total", endpoint=endpoint, outcome="error")
