@@ -1,5 +1,5 @@
 """A decode step's matrix products on one GPU: cuBLAS, torch.compile max-autotune and `linear_rows`' Triton kernel at
-LLaDA-8B's and Dream-7B's shapes (issue 58, stage 2 and the kernel half of stage 3).
+LLaDA-8B's and Dream-7B's shapes (the backbone's products: one per fused weight, and the LM head).
 
 Per shape (``--shapes``) its four products, fused as the backbone will run them: q/k/v (Dream with its bias), o,
 gate/up (``[2F, K]``) and down, at M = 1, 8, 32 rows (``--rows``), bf16, random N(0, 1/K) weights. Stages, each

@@ -59,3 +59,20 @@ def test_generate_bad_input_is_one_clear_line(tiny):
     proc = run(CLI, "generate", "--model", str(tiny), "--prompt", "hi", "--policy", "confidence",
                "--gen-length", "8", "--block", "3", check=False)
     assert proc.returncode == 2 and "--block 3 does not divide --gen-length 8" in proc.stderr
+
+
+def test_generate_reads_a_learned_policy_once_not_per_batch(tmp_path, monkeypatch, capsys):
+    """The controller is read from disk when the options are checked and once for the run, never per batch."""
+    from tracelock.cli import main
+    from tracelock.policies import tracelock as tracelock_policy
+
+    reads = []
+    real = tracelock_policy._load
+    monkeypatch.setattr(tracelock_policy, "_load", lambda *a, **k: reads.append(1) or real(*a, **k))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"What is {i} + 3 ?"}) + "\n" for i in range(3)))
+    out = tmp_path / "out.jsonl"
+    assert main(["generate", "--model", "testbed", "--prompts", str(prompts), "--policy",
+                 "tracelock:controller=testbed", "--gen-length", "16", "--window", "8", "--batch-size", "1",
+                 "--threads", "1", "--out", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 3 and len(reads) == 2  # the check, then the run's one policy

@@ -1,4 +1,4 @@
-"""The backbone forward running the fused loop's ops (issue 6, build item 3): ``head_op`` in place of the LM head,
+"""The backbone forward running the fused loop's ops: ``head_op`` in place of the LM head,
 ``tap_op`` in place of the raw taps, both equal to the spec applied to a plain forward's outputs; their errors;
 and TraceLock decoding through them (fused == reference, and the fused steps really carry folded taps)."""
 

@@ -227,7 +227,7 @@ def test_the_readme_command_table_lists_every_command():
     assert {n.strip() for n in listed} == commands
 
 
-# ---- issue 61: one grammar for every command, a Python API as careful as the CLI (and issue 60's safe echo, size
+# ---- one grammar for every command, a Python API as careful as the CLI (and a safe echo of bad values, size
 # bounds and leftovers)
 
 _spec = importlib.util.spec_from_file_location("fuzzing", Path(__file__).with_name("fuzzing.py"))

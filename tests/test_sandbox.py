@@ -99,7 +99,7 @@ def test_process_limit_stops_spawning_and_everything_is_cleaned_up():
            "for _ in range(50):\n"
            "    print(subprocess.Popen(['sleep', '30.0202']).pid, flush=True)\n")
     r = run_python(src, max_processes=4)
-    # the refused fork raised in the program and nothing handled it: an exception, not a signal (issue 64)
+    # the refused fork raised in the program and nothing handled it: an exception, not a signal
     assert (r.status, r.returncode, r.signal) == ("runtime_error", 1, None), r
     assert r.stderr.rstrip().endswith("BlockingIOError: [Errno 11] Resource temporarily unavailable")
     assert 0 < len(r.stdout.split()) < 50

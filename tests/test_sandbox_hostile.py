@@ -1,4 +1,4 @@
-"""Hostile programs in the sandbox (issue 7): each is contained, each is reported as a failure, and afterwards the
+"""Hostile programs in the sandbox: each is contained, each is reported as a failure, and afterwards the
 harness still runs programs and nothing is left behind. Real runs, no mocks; a case that needs a kernel feature this
 machine refuses (network isolation, containment) is skipped by name, never passed."""
 

@@ -47,9 +47,9 @@ def _python(code: str, **kwargs) -> subprocess.Popen:
 
 @MODES
 def test_a_fork_bomb_beside_a_forking_program_costs_it_nothing(contained, monkeypatch):
-    """Issue 64's experiment, bounded: another process runs fork bombs back to back while this one runs a correct
-    program that forks; every run of the correct program must be "ok". With the shared user (the old rule) most were
-    scored wrong: the bombs used up the user's process budget."""
+    """A fork bomb beside a right answer, bounded: another process runs fork bombs back to back while this one runs a
+    correct program that forks; every run of the correct program must be "ok". With the shared user (the old rule)
+    most were scored wrong: the bombs used up the user's process budget."""
     _mode(contained, True, monkeypatch)
     bombs = int(os.environ.get("TRACELOCK_BOMBS", "20"))
     bomber = _python("from tracelock import sandbox\nsandbox.probe_isolation()\n"
@@ -93,7 +93,7 @@ def test_check_many_with_a_bomb_in_one_worker(contained, monkeypatch):
 @pytest.mark.parametrize("own_user", [True, False], ids=["own-user", "shared-nobody"])
 @MODES
 def test_a_fork_bomb_never_leaks_into_the_next_run(contained, own_user, monkeypatch):
-    """Issue 60: a bomb's processes outlive its run for a moment (zombies, until someone reaps them) and used to
+    """A bomb's processes outlive its run for a moment (zombies, until someone reaps them) and used to
     count against the next run's process limit. Back to back, the forking answer must be "ok" every time: on a
     user of its own because a user with leftover processes is never leased, on the shared nobody because the
     harness waits for the run's leftovers to be reaped before it returns. Without the PID namespace the machine's

@@ -215,7 +215,7 @@ def positive_int(text: str) -> int:
     return bounded_int(MAX_COUNT)(text)
 
 
-# the ceilings of the sizes a command allocates, loops or starts processes by before any work (issue 60): past one a
+# the ceilings of the sizes a command allocates, loops or starts processes by before any work: past one a
 # command would allocate or loop for minutes before failing, or be killed by the kernel's out-of-memory handler
 MAX_COUNT = 10_000_000  # any count: items, steps, epochs (a count's own ceiling may be lower)
 MAX_GEN_LENGTH = 1 << 16  # generated positions (the checkpoint's own maximum is checked before it loads)

@@ -12,7 +12,7 @@ from tracelock.decode.schedule import validate_schedule
 from tracelock.generate import fused_generate
 from tracelock.models import load_model, load_tokenizer
 from tracelock.models.loading import resolve_path
-from tracelock.policies import check_policy
+from tracelock.policies import check_policy, make_policy, policy_args_for
 from tracelock.progress import progress_bar
 from tracelock.text import answer_ids, encode_prompt, read_prompt_rows
 
@@ -51,13 +51,15 @@ def run_generate(args) -> int:
                     stop_at_eot=args.stop_at_eot, idle_steps=args.idle_steps, seed=args.seed, dtype=args.model_dtype,
                     quantize=args.quantize, cache=args.cache, refresh_every=args.refresh_every,
                     refresh_shift=args.refresh_shift)
+    # built once (a learned policy reads its controller or filters from disk here), not per batch
+    built = make_policy(policy, **policy_args_for(model, policy, policy_args, args.gen_length))
     out = open(args.out, "w") if args.out else sys.stdout
     try:
         bar = progress_bar(total=len(prompts), disable=len(prompts) < 2, desc="generate", unit="prompt")
         for start in range(0, len(prompts), args.batch_size):
             batch = prompts[start:start + args.batch_size]
             ids = [encode_prompt(tokenizer, p, not args.no_chat_template) for p in batch]
-            tokens, stats = fused_generate(model, ids, policy=policy, policy_args=policy_args,
+            tokens, stats = fused_generate(model, ids, policy=built,
                                            gen_length=args.gen_length, block=args.block, window=args.window,
                                            temperature=args.temperature, cfg_scale=args.cfg_scale,
                                            stop_at_eot=args.stop_at_eot, idle_steps=args.idle_steps,

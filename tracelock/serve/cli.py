@@ -73,7 +73,7 @@ def serve_config(args, max_positions: int):
 
     if args.default_max_tokens is None:
         args.default_max_tokens = min(128, args.max_tokens)
-    # bounded before the model loads: each sizes what the server allocates or holds (issue 60)
+    # bounded before the model loads: each sizes what the server allocates or holds
     ceilings = dict(max_batch=MAX_BATCH, max_tokens=MAX_GEN_LENGTH, default_max_tokens=MAX_GEN_LENGTH,
                     max_engines=1024, max_waiting=MAX_COUNT)
     for name, most in ceilings.items():
