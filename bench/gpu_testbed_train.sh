@@ -67,7 +67,7 @@ import json, sys, time
 from pathlib import Path
 import tracelock
 from tracelock.testbed.evaluate import evaluate_policy
-from tracelock.testbed.tasks import held_out
+from tracelock.tasks import held_out
 
 rows = {}
 for run in ("a", "a2", "w"):

@@ -3,7 +3,7 @@ decoded once under rules frozen before it.
 
 Three steps, each a subcommand:
 
-- ``draw``: the items. From each testbed task's test pool (`tracelock.testbed.tasks.POOL` problems), take out every
+- ``draw``: the items. From each testbed task's test pool (`tracelock.tasks.POOL` problems), take out every
   item an earlier run could have read: the first 500 of the pool (the "first N" runs, N <= 300, and the demo's 16),
   the random draws of seeds 0 and 1 at every size used (8 to 500), and the verdict's draw (seed 2026, 500); draw
   ``--n`` of the rest with ``--seed``. Written to ``bench/results/holdout/items.json`` (committed before anything
@@ -42,17 +42,17 @@ EARLIER_DRAWS = {0: (8, 16, 32, 64, 100, 200, 300, 500), 1: (8, 16, 32, 64, 100,
 
 def earlier_items(task: str) -> set:
     """Pool places of ``task``'s test pool that an earlier run could have decoded."""
-    from tracelock.testbed.tasks import POOL
+    from tracelock.tasks import POOL
 
     used = set(range(FIRST))
     for seed, sizes in EARLIER_DRAWS.items():
-        for n in sizes:  # tracelock.testbed.tasks.draw's own sampling
+        for n in sizes:  # tracelock.tasks.draw's own sampling
             used |= set(random.Random(f"tracelock-draw:{task}:test:{seed}").sample(range(POOL), n))
     return used
 
 
 def draw(n: int, seed: int) -> dict:
-    from tracelock.testbed.tasks import POOL
+    from tracelock.tasks import POOL
 
     out = dict(seed=seed, n=n, pool=POOL, first_excluded=FIRST,
                earlier_draws={str(s): list(sizes) for s, sizes in EARLIER_DRAWS.items()}, ids={})
@@ -88,7 +88,7 @@ def run(family: str, task: str, setting: str, work: Path, batch_size: int, worke
     from tracelock.eval.runner import _decode_policy, parse_policies, parse_settings
     from tracelock.eval.tasks import EvalItem, make_task
     from tracelock.models import load_model, load_tokenizer
-    from tracelock.testbed.tasks import _pool
+    from tracelock.tasks import _pool
 
     frozen = {p.name: committed(p) for p in (HOLDOUT / "protocol.json", HOLDOUT / "items.json")}
     protocol = json.loads((HOLDOUT / "protocol.json").read_text())

@@ -59,7 +59,7 @@ def test_the_committed_verdict_reads_as_published():
 
 
 def test_the_holdout_draw_is_disjoint_from_every_earlier_one():
-    from tracelock.testbed.tasks import draw
+    from tracelock.tasks import draw
 
     got = holdout.draw(50, seed=1)
     for task in holdout.TASKS:

@@ -1,11 +1,11 @@
-"""GSM8K-style answer extraction and scoring (tracelock.eval.gsm8k)."""
+"""GSM8K-style answer extraction and scoring (tracelock.tasks.gsm8k)."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from tracelock.eval.gsm8k import all_equations_correct, check_equations, extract_answer, is_correct, normalize_number
+from tracelock.tasks.gsm8k import all_equations_correct, check_equations, extract_answer, is_correct, normalize_number
 
 GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"  # ../shared
 

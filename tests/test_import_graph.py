@@ -1,5 +1,5 @@
-"""The import graph of the package (docs/design.md, "Layers"): no import circle, and imports run down the layers but
-for the few listed in ALLOWED_UPWARD, each with its reason beside the import.
+"""The import graph of the package (docs/design.md, "Layers"): no import circle, imports run down the layers, and
+so do the imports between folders (each folder sits in one layer, whole).
 
 Built from the source with `ast`, so nothing is imported: every ``import tracelock...`` and
 ``from tracelock... import ...`` counts, at module level or inside a function (a lazy import still ties the two
@@ -14,9 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "tracelock"
 KERNELS = ROOT / "kernels"  # installed as tracelock.kernels
 
-# the package's rooms from the bottom up: a module may import its own layer and those below. The most specific
-# prefix names a module's room (the testbed's task definitions sit low; the rest of the testbed, which trains and
-# decodes, sits high).
+# the package's rooms from the bottom up: a module may import its own layer and those below. Each room is a folder
+# (a subpackage) or a top-level module, whole: no folder is split across layers.
 LAYERS = [
     # the package root loads its public names lazily, by name: importing it costs nothing
     ["tracelock"],
@@ -26,8 +25,8 @@ LAYERS = [
      "tracelock.checks", "tracelock.cli_common", "tracelock.env", "tracelock.testing_chat"],
     ["tracelock.kernels", "tracelock.ops"],
     ["tracelock.models"],
-    # the testbed's task definitions: prompts, answers and scoring
-    ["tracelock.testbed.tasks", "tracelock.testbed.math_task", "tracelock.testbed.code_task"],
+    # the tasks: prompts, answers and scoring (the testbed's, GSM8K's answer rules)
+    ["tracelock.tasks"],
     # trace data: what a decode recorded, stored and replayed
     ["tracelock.traces"],
     ["tracelock.features"],
@@ -44,10 +43,6 @@ LAYERS = [
     ["tracelock.cli", "tracelock.__main__"],
 ]
 
-# (importer, imported): the upward imports the layers allow, each explained by a comment at the import
-ALLOWED_UPWARD = {
-    ("tracelock.testbed.tasks", "tracelock.eval.gsm8k"),
-}
 
 
 def _modules() -> dict:
@@ -164,17 +159,31 @@ def test_the_import_graph_has_no_circle():
 
 def test_imports_run_down_the_layers():
     upward = _upward(_graph())
-    assert upward <= ALLOWED_UPWARD, f"imports from a lower layer to a higher one: {sorted(upward - ALLOWED_UPWARD)}"
-    assert len(ALLOWED_UPWARD) <= 2
+    assert not upward, f"imports from a lower layer to a higher one: {sorted(upward)}"
 
 
-def test_each_allowed_upward_import_says_why():
-    modules = _modules()
-    for importer, imported in ALLOWED_UPWARD:
-        lines = modules[importer].read_text().splitlines()
-        at = next(i for i, line in enumerate(lines) if "import" in line and imported.rsplit(".", 1)[-1] in line
-                  and imported.rsplit(".", 1)[0] in line)
-        assert lines[at - 1].strip().startswith("#"), f"{importer} imports {imported} upward without a comment above"
+def _folder(name: str) -> str:
+    """A module's folder: its subpackage under tracelock (tracelock.decode for tracelock.decode.step), or the
+    top-level module itself."""
+    return ".".join(name.split(".")[:2])
+
+
+def test_every_room_is_a_whole_folder():
+    rooms = [room for rooms in LAYERS for room in rooms]
+    assert all(room.count(".") <= 1 for room in rooms), [room for room in rooms if room.count(".") > 1]
+    assert len(rooms) == len(set(rooms))
+
+
+def test_no_folder_imports_one_above_it():
+    """Between folders, not only modules: a folder's modules import nothing of a folder in a higher layer, so no
+    chain of imports between folders comes back to where it started."""
+    pairs = {(_folder(a), _folder(b)) for a, targets in _graph().items() for b in targets if _folder(a) != _folder(b)}
+    upward = sorted((a, b) for a, b in pairs if b != "tracelock" and _layer(b) > _layer(a))
+    assert not upward, f"folders importing a folder above them: {upward}"
+    folder_graph = {}
+    for a, b in pairs:
+        folder_graph.setdefault(a, set()).add(b)
+    assert _cycles(folder_graph) == [], "a circle between folders"
 
 
 def test_the_checker_sees_a_circle_and_an_upward_import():

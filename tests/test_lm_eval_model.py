@@ -41,9 +41,9 @@ metric_list:
     aggregation: mean
     higher_is_better: true
 """
-# the testbed's own scoring (tracelock.eval.gsm8k.is_correct), so the two runs grade alike
+# the testbed's own scoring (tracelock.tasks.gsm8k.is_correct), so the two runs grade alike
 SCORING = """\
-from tracelock.eval.gsm8k import is_correct
+from tracelock.tasks.gsm8k import is_correct
 
 
 def process_results(doc, results):

@@ -540,7 +540,7 @@ def test_every_size_option_is_bounded_before_work_starts(argv, says, capsys, tmp
 def test_sizes_bounded_by_the_machine_or_the_model_are_checked_before_it_loads():
     from tracelock.features_cli import check_max_positions
     from tracelock.serve.cli import serve_config
-    from tracelock.testbed.tasks import held_out
+    from tracelock.tasks import held_out
 
     with pytest.raises(ValueError, match=r"--max-positions 1000000 holds .* more than half of this machine's 1 GiB"):
         check_max_positions("testbed", 1_000_000, memory=1 << 30)

@@ -130,7 +130,7 @@ class Constant(Reward):
 
 def test_task_reward_and_code_penalties():
     from tracelock.eval.tasks import make_task
-    from tracelock.testbed.tasks import held_out
+    from tracelock.tasks import held_out
 
     task = make_task("testbed:math")
     items = task.items(2)

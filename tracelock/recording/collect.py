@@ -45,7 +45,7 @@ def load_items(spec: str, num: int | None, seed: int = 0) -> list[Item]:
     if num is not None and num < 1:
         raise ValueError(f"--limit {num} must be >= 1")
     if spec.startswith("testbed:"):
-        from tracelock.testbed.tasks import held_out
+        from tracelock.tasks import held_out
 
         names, split = _testbed_tasks(spec)
         if num is None:
@@ -114,7 +114,7 @@ def _check_settings(out: Path, settings: dict, rank: int) -> None:
 
 
 def _filter_reasons(items, traces, completions, end_ids, config: FilterConfig) -> list:
-    from tracelock.testbed.tasks import code_program
+    from tracelock.tasks import code_program
     from tracelock.text import answer_ids
 
     reasons = [text_reason(answer_ids(t.final.tolist(), end_ids), config) for t in traces]
@@ -157,7 +157,7 @@ def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=Non
     from tracelock.models import load_model, load_tokenizer
     from tracelock.progress import progress_bar
     from tracelock.recording.recorder import record
-    from tracelock.testbed.tasks import score
+    from tracelock.tasks import score
     from tracelock.text import decode_answer, encode_prompt
 
     start = time.perf_counter()

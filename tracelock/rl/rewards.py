@@ -119,6 +119,6 @@ def testbed_program(item, completion):
     example = getattr(item, "reference", None) or getattr(item, "example", None)
     if example is None or getattr(example, "entry_point", None) is None:
         return None
-    from tracelock.testbed.tasks import code_program
+    from tracelock.tasks import code_program
 
     return code_program(example, completion), example.target, example.entry_point

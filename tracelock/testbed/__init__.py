@@ -5,7 +5,7 @@
 distribution (phrasings, orders, equivalent forms) so that the commitment problem exists.
 """
 
-from tracelock.testbed.tasks import (
+from tracelock.tasks import (
     SPLITS,
     TASKS,
     Example,

@@ -72,8 +72,8 @@ def greedy_completion(model, tokenizer, prompt: str, max_new_tokens: int) -> str
 def calibrate(cfg: TrainConfig, n: int, split: str = "validation", max_new_tokens: int = 64,
               progress: bool = True) -> dict:
     """Train (see `train_ar`) and score ``n`` held-out items per task; returns the result dict."""
+    from tracelock.tasks import held_out
     from tracelock.testbed.evaluate import score_items
-    from tracelock.testbed.tasks import held_out
 
     model, tok, seconds = train_ar(cfg, progress)
     tasks = {}

@@ -10,6 +10,7 @@ from tracelock.atomic import atomic_write, atomic_write_json
 from tracelock.cli_common import POLICY_NAMES, expand_policy_list, spec_value, testbed_task_names, warn_deprecated
 from tracelock.models import load_model, load_tokenizer
 from tracelock.progress import progress_bar, status
+from tracelock.tasks import draw, held_out
 from tracelock.testbed.evaluate import (
     baseline_policies,
     demo_policies,
@@ -18,7 +19,6 @@ from tracelock.testbed.evaluate import (
     evaluate_policy,
     format_table,
 )
-from tracelock.testbed.tasks import draw, held_out
 
 
 def _demo_controller(args):

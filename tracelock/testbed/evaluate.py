@@ -12,7 +12,7 @@ import torch
 from tracelock.generate import fused_generate
 from tracelock.policies.oracle import OraclePolicy
 from tracelock.sandbox import check_many
-from tracelock.testbed.tasks import code_program, score
+from tracelock.tasks import code_program, score
 from tracelock.text import decode_answer, encode_prompt
 
 

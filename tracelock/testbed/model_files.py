@@ -19,7 +19,7 @@ from tracelock.models.keys import official_keys
 from tracelock.models.spec import ModelSpec
 from tracelock.models.tiny import dream_config, generation_config, llada_config, save_weights
 from tracelock.models.tiny_tokenizer import SPECIAL_TOKENS, save_tokenizer
-from tracelock.testbed.tasks import sample
+from tracelock.tasks import sample
 
 FAMILIES = ("llada", "dream")
 NUMBER_TOKENS = 100  # 0-99 are single tokens

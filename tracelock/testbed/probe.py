@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from tracelock.atomic import atomic_write_json
-from tracelock.testbed.math_task import NAMES, OBJECTS
+from tracelock.tasks.math_task import NAMES, OBJECTS
 from tracelock.text import encode_prompt
 
 # torch is imported in the functions: the CLI imports this module to build its parser, which must stay light
@@ -135,7 +135,7 @@ def object_embedding_cosine(model, tokenizer) -> dict:
 
 def _run(args):
     import tracelock
-    from tracelock.testbed.tasks import held_out
+    from tracelock.tasks import held_out
 
     model, tok = tracelock.load_model(args.model), tracelock.load_tokenizer(args.model)
     items = held_out("math", args.split, args.limit)

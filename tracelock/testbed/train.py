@@ -40,8 +40,8 @@ from tracelock.models.backbone import DiffusionBackbone
 from tracelock.models.loading import load_tokenizer
 from tracelock.models.spec import ModelSpec
 from tracelock.progress import progress_bar
+from tracelock.tasks import held_out, sample
 from tracelock.testbed.model_files import FAMILIES, export_weights, train_tokenizer, write_folder_files
-from tracelock.testbed.tasks import held_out, sample
 from tracelock.testbed.train_config import TrainConfig
 from tracelock.text import encode_prompt
 

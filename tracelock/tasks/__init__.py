@@ -1,4 +1,8 @@
-"""The testbed tasks' common interface: examples, the task registry, stable splits, held-out sets and scoring.
+"""The tasks, at the bottom of the package: the testbed's math and code tasks (`math_task`, `code_task`), GSM8K's
+answer rules (`gsm8k`, which also grade the math task, so testbed and GSM8K accuracy are the same measurement), and
+here their common interface: examples, the task registry, stable splits, held-out sets and scoring. Nothing here
+imports the rest of the package; the bundled models' training and demos (`tracelock.testbed`) and the evaluation
+harness (`tracelock.eval`) build on it.
 
 Splits are assigned from the canonical problem key (template + numbers/ops, never the phrasing) by a stable hash:
 about 10% "test", 5% "validation", the rest "train". Different keys always render to different prompts, so a
@@ -14,10 +18,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-# upward, on purpose: the math task grades with GSM8K's own answer rules, so testbed and GSM8K accuracy are the
-# same measurement (docs/design.md, "Layers")
-from tracelock.eval.gsm8k import is_correct
-from tracelock.testbed import code_task, math_task
+from tracelock.tasks import code_task, math_task
+from tracelock.tasks.gsm8k import is_correct
 
 SPLITS = ("train", "validation", "test")
 _TOKEN = re.compile(r"\n|\d|[A-Za-z]+|[^\sA-Za-z\d]")
