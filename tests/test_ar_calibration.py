@@ -8,11 +8,11 @@ import torch
 
 from tracelock.cli import main
 from tracelock.testbed.ar_calibration import calibrate
-from tracelock.testbed.train import Batches, TrainConfig, _build, ar_loss
+from tracelock.testbed.train import BackboneTrainConfig, Batches, _build, ar_loss
 
 
 def micro_config(out, **kw):
-    return TrainConfig(out=str(out), steps=3, batch_size=4, d_model=32, n_layers=3, n_heads=2, mlp=64,
+    return BackboneTrainConfig(out=str(out), steps=3, batch_size=4, d_model=32, n_layers=3, n_heads=2, mlp=64,
                        vocab_size=400, tokenizer_corpus=300, **kw)
 
 
@@ -84,5 +84,5 @@ def test_sizes_that_would_hang_or_abort_are_refused_before_any_work(tmp_path, fi
     """testbed-ar-calibration builds its model without `train`: it ran a huge tokenizer corpus inside the tokenizers
     library past any time limit (found by the CLI fuzzing); it checks the config as `train` does."""
     with pytest.raises(ValueError, match=match):
-        calibrate(TrainConfig(out=str(tmp_path / "run"), **{field: value}), n=1, progress=False)
+        calibrate(BackboneTrainConfig(out=str(tmp_path / "run"), **{field: value}), n=1, progress=False)
     assert not (tmp_path / "run").exists()

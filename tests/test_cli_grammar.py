@@ -205,11 +205,11 @@ def test_testbed_train_defaults_are_the_shipped_recipe(family, folder):
     from pathlib import Path
 
     from tracelock.cli import testbed_train_config
-    from tracelock.testbed.train_config import TrainConfig
+    from tracelock.testbed.train_config import BackboneTrainConfig
 
     info = Path(__import__("tracelock").__file__).parent / "testbed" / folder / "testbed.json"
     # a setting the shipped run's record predates took its default then
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name != "out"}
+    defaults = {f.name: f.default for f in dataclasses.fields(BackboneTrainConfig) if f.name != "out"}
     shipped = {**defaults, **json.loads(info.read_text())["config"]}
     cfg = testbed_train_config(build_parser().parse_args(["testbed-train", "--out", "run", "--family", family]))
     machine = {"out", "device", "workers", "threads", "save_every", "compile", "probe_every", "probe_items"}

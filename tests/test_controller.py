@@ -8,7 +8,7 @@ import torch
 from tracelock import states
 from tracelock.controller import Controller, ControllerConfig, controller_fingerprint
 from tracelock.features import LinearEncoder, TapEncoder, fold
-from tracelock.train.controller import controller_loss
+from tracelock.train.fit import controller_loss
 
 GROUPS = {"h1": (0, 4), "h2": (4, 8), "h3": (8, 12), "d21": (12, 14), "d32": (14, 16)}
 SMALL = dict(width=32, layers=2, heads=4, ffn=48, dropout=0.0)

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 import tracelock
 from tracelock import states
 from tracelock.train import metrics
-from tracelock.train.controller import TrainConfig, batch_items, collate, controller_loss, crop_lengths, train
+from tracelock.train.fit import TrainConfig, batch_items, collate, controller_loss, crop_lengths, train
 
 GROUPS = {"h1": [0, 4], "h2": [4, 8], "h3": [8, 12], "d21": [12, 14], "d32": [14, 16]}
 TINY = dict(width=32, layers=1, heads=2, ffn=48)

@@ -34,9 +34,9 @@ def made(tmp_path_factory):
     from tracelock.l2p.train import fit_filter
     from tracelock.recording.collect import collect
     from tracelock.traces.cache import featurize
-    from tracelock.traces.filters import FilterConfig
+    from tracelock.traces.filters import TraceFilterConfig
     from tracelock.traces.store import iter_traces
-    from tracelock.train.controller import TrainConfig, train
+    from tracelock.train.fit import TrainConfig, train
 
     root = tmp_path_factory.mktemp("made")
     model_dir = write_tiny_checkpoint(root / "llada", family="llada", seed=3)
@@ -45,7 +45,7 @@ def made(tmp_path_factory):
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"add {i} and {i + 2}"}) + "\n" for i in range(6)))
     collect(model_dir, str(prompts), root / "traces", gen_length=8, block=4, batch_size=3, shard_size=2,
-            keep_confidence=True, filters=FilterConfig(enabled=False))
+            keep_confidence=True, filters=TraceFilterConfig(enabled=False))
     encoder = load_encoder(root / "controller", model)
     featurize(model, encoder, iter_traces(root / "traces"), root / "cache", shard_bytes=2000)
     train(TrainConfig(cache=str(root / "cache"), out=str(root / "run"), steps=2, batch_size=4, eval_every=1,
@@ -131,7 +131,7 @@ def _load_filters(folder):
 
 
 def _resume_train(folder, cache):
-    from tracelock.train.controller import TrainConfig, train
+    from tracelock.train.fit import TrainConfig, train
     return lambda: train(TrainConfig(cache=str(cache), out=str(folder), steps=3, batch_size=4, eval_every=1, width=32,
                                      layers=1, heads=2, ffn=48, dropout=0.0, device="cpu"), resume=True)
 

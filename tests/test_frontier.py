@@ -11,14 +11,14 @@ import pytest
 
 from tracelock.eval.frontier import pareto, parse_sweep, run_frontier, steps_at_accuracy, value_at_steps
 from tracelock.eval.runner import Setting
-from tracelock.testbed.train import TrainConfig, train
+from tracelock.testbed.train import BackboneTrainConfig, train_backbone
 
 
 @pytest.fixture(scope="module")
 def micro(tmp_path_factory):
     out = tmp_path_factory.mktemp("frontier") / "model"
-    train(TrainConfig(out=str(out), steps=4, batch_size=4, d_model=32, n_layers=4, n_heads=2, mlp=64, vocab_size=400,
-                      tokenizer_corpus=300, save_every=4), progress=False)
+    train_backbone(BackboneTrainConfig(out=str(out), steps=4, batch_size=4, d_model=32, n_layers=4, n_heads=2, mlp=64,
+                                       vocab_size=400, tokenizer_corpus=300, save_every=4), progress=False)
     return out
 
 

@@ -12,20 +12,20 @@ from tracelock.models import loading
 from tracelock.models.spec import CheckpointError
 from tracelock.testbed.evaluate import baseline_policies, demo_policies
 from tracelock.testbed.model_files import NUMBER_TOKENS, export_weights, train_tokenizer
-from tracelock.testbed.train import Batches, TrainConfig, draw_masks, mask_generator, sft_loss, train
+from tracelock.testbed.train import BackboneTrainConfig, Batches, draw_masks, mask_generator, sft_loss, train_backbone
 from tracelock.testing import assert_close, hf_reference
 
 
 def micro_config(out, **kw):
     kw = {"family": "dream", "ar_steps": 2, "steps": 4, "batch_size": 4, "d_model": 32, "n_layers": 4, "n_heads": 2,
           "mlp": 64, "vocab_size": 400, "tokenizer_corpus": 300, "save_every": 2, **kw}
-    return TrainConfig(out=str(out), **kw)
+    return BackboneTrainConfig(out=str(out), **kw)
 
 
 @pytest.fixture(scope="module")
 def dream_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("testbed-dream") / "run"
-    train(micro_config(out), progress=False)
+    train_backbone(micro_config(out), progress=False)
     return out
 
 
@@ -85,7 +85,7 @@ def test_training_loss_applies_the_family_shift_exactly_once(family, dream_run, 
     run = dream_run
     if family == "llada":
         run = tmp_path / "llada"
-        train(micro_config(run, family="llada"), progress=False)
+        train_backbone(micro_config(run, family="llada"), progress=False)
     # the run's files with random O(1) weights: a 4-step model predicts nearly the same everywhere, so every shift
     # would give about the same loss
     folder = tmp_path / "random"
@@ -109,17 +109,17 @@ def test_training_loss_applies_the_family_shift_exactly_once(family, dream_run, 
 
 def test_resumed_dream_run_equals_an_uninterrupted_one(dream_run, tmp_path):
     out = tmp_path / "run"
-    train(micro_config(out), progress=False, stop_after=2)  # saved at the AR -> masked switch
+    train_backbone(micro_config(out), progress=False, stop_after=2)  # saved at the AR -> masked switch
     with pytest.raises(ValueError, match="holds a dream checkpoint but family='llada'"):
-        train(micro_config(out, family="llada"), progress=False)
-    train(micro_config(out), progress=False)
+        train_backbone(micro_config(out, family="llada"), progress=False)
+    train_backbone(micro_config(out), progress=False)
     a, b = load_file(str(dream_run / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_family_is_checked(tmp_path):
     with pytest.raises(ValueError, match="family='gpt'"):
-        train(micro_config(tmp_path / "x", family="gpt"), progress=False)
+        train_backbone(micro_config(tmp_path / "x", family="gpt"), progress=False)
 
 
 def test_dream_tables_use_dreams_rules():
@@ -162,11 +162,11 @@ def test_a_second_stage_starts_from_the_init_runs_tokenizer_and_weights(dream_ru
     init = tracelock.load_model(dream_run)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), init.state_dict().values()))
     assert (tmp_path / "stage2" / "tokenizer.json").read_text() == (dream_run / "tokenizer.json").read_text()
-    train(micro_config(tmp_path / "a", ar_steps=0, init=str(dream_run), seed=1), progress=False)
+    train_backbone(micro_config(tmp_path / "a", ar_steps=0, init=str(dream_run), seed=1), progress=False)
     out = tmp_path / "b"
-    train(micro_config(out, ar_steps=0, init=str(dream_run), seed=1), progress=False, stop_after=2)
-    train(micro_config(out, ar_steps=0, init=str(dream_run), seed=1), progress=False)
+    train_backbone(micro_config(out, ar_steps=0, init=str(dream_run), seed=1), progress=False, stop_after=2)
+    train_backbone(micro_config(out, ar_steps=0, init=str(dream_run), seed=1), progress=False)
     a, b = load_file(str(tmp_path / "a" / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(ValueError, match="--init .*hidden_size.: 32.*asks for.*64"):
-        train(micro_config(tmp_path / "c", ar_steps=0, init=str(dream_run), d_model=64), progress=False)
+        train_backbone(micro_config(tmp_path / "c", ar_steps=0, init=str(dream_run), d_model=64), progress=False)

@@ -13,7 +13,7 @@ import torch
 from tracelock.models import write_tiny_checkpoint
 from tracelock.recording.collect import collect, load_items
 from tracelock.traces import filters
-from tracelock.traces.filters import FilterConfig, code_reasons, text_reason
+from tracelock.traces.filters import TraceFilterConfig, code_reasons, text_reason
 from tracelock.traces.store import iter_traces, load_index, verify
 
 PROMPTS = ["What is 2 + 3 ?", "add 4 and 5", "x", "hello there", "count to ten", "why", "seven", "list three"]
@@ -105,7 +105,7 @@ def test_crash_and_resume_ends_with_the_same_traces(setup, reference):
     opts = dict(zip(args[::2], args[1::2]))
     with _one_thread():
         collect(opts["--model"], opts["--prompts"], out, gen_length=8, block=4, batch_size=3, shard_size=2,
-                fraction=0.5, keep_confidence=True, filters=FilterConfig(min_tokens=2))
+                fraction=0.5, keep_confidence=True, filters=TraceFilterConfig(min_tokens=2))
     _assert_same_store(reference, out)
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
 
@@ -125,7 +125,7 @@ def test_resume_with_other_settings_is_refused(setup, reference):
     opts = dict(zip(args[::2], args[1::2]))
     with pytest.raises(ValueError, match=r"other settings \(fraction.*same arguments or use a new --out"):
         collect(opts["--model"], opts["--prompts"], reference, gen_length=8, block=4, fraction=0.25,
-                keep_confidence=True, filters=FilterConfig(min_tokens=2))
+                keep_confidence=True, filters=TraceFilterConfig(min_tokens=2))
 
 
 def test_collect_testbed_code_runs_the_code_filters(tmp_path):
@@ -158,7 +158,7 @@ def test_prompt_specs(tmp_path):
 
 
 def test_text_filters_each_reason():
-    cfg = FilterConfig()
+    cfg = TraceFilterConfig()
     good = [11, 12, 13, 14, 15, 16, 17, 18, 19, 11, 12]
     assert text_reason(good, cfg) is None
     assert text_reason([], cfg) == filters.EMPTY
@@ -167,14 +167,14 @@ def test_text_filters_each_reason():
     assert text_reason([9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 8], cfg) == filters.REPEATED_NGRAM
     # three copies are not yet a loop
     assert text_reason([9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 8, 10], cfg) is None
-    assert text_reason([], FilterConfig(enabled=False)) is None
+    assert text_reason([], TraceFilterConfig(enabled=False)) is None
 
 
 def test_code_filters_parse_and_tests():
     tests = "def check(candidate):\n    assert candidate(2) == 4\n"
     programs = ["def f(x):\n    return x * 2\n", "def f(x):\n    return x + 3\n", "def f(x):\n    return (x *\n"]
-    reasons = code_reasons(programs, [(tests, "f")] * 3, FilterConfig())
+    reasons = code_reasons(programs, [(tests, "f")] * 3, TraceFilterConfig())
     assert reasons == [None, filters.FAILS_TESTS, filters.DOES_NOT_PARSE]
-    assert code_reasons(programs, [None] * 3, FilterConfig()) == [None, None, filters.DOES_NOT_PARSE]
+    assert code_reasons(programs, [None] * 3, TraceFilterConfig()) == [None, None, filters.DOES_NOT_PARSE]
     with pytest.raises(ValueError, match="tests has 1 entries for 3 programs"):
-        code_reasons(programs, [None], FilterConfig())
+        code_reasons(programs, [None], TraceFilterConfig())

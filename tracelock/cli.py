@@ -144,14 +144,15 @@ def _add_testbed_eval(sub):
 
 
 def _testbed_train(args):
-    from tracelock.testbed.train import train
+    from tracelock.testbed.train import train_backbone
 
-    out = train(testbed_train_config(args), resume=args.resume)
+    out = train_backbone(testbed_train_config(args), resume=args.resume)
     print(f"trained testbed model written to {out}")
 
 
 def testbed_train_config(args):
-    """`testbed-train`'s `TrainConfig`: the options given, else the family's shipped recipe, else the field defaults."""
+    """`testbed-train`'s `BackboneTrainConfig`: the options given, else the family's shipped recipe, else the field
+    defaults."""
     import dataclasses
 
     from tracelock.testbed.train_config import recipe_config
@@ -164,7 +165,7 @@ def testbed_train_config(args):
 def _add_testbed_train(sub):
     import dataclasses
 
-    from tracelock.testbed.train_config import SHIPPED_RECIPES, TrainConfig
+    from tracelock.testbed.train_config import SHIPPED_RECIPES, BackboneTrainConfig
 
     p = sub.add_parser("testbed-train",
                        help="train the bundled testbed model (LLaDA SFT objective, resumable); the defaults are the "
@@ -176,7 +177,7 @@ def _add_testbed_train(sub):
                    help="llada: LLaDA's config and unshifted logits; dream: a Dream-format checkpoint (Qwen2 keys, "
                         "Dream's ids), the row before a masked position predicts it. The recipe defaults below are "
                         "the family's shipped model's")
-    machine = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name != "out"}
+    machine = {f.name: f.default for f in dataclasses.fields(BackboneTrainConfig) if f.name != "out"}
 
     def default(name):
         """The help's default: the field's, or each family's shipped recipe value where they differ."""

@@ -607,6 +607,42 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return _raw("linear_rows", _pick_impl("linear_rows", impl, x.device))(x, weight, bias, residual, activation)
 
 
+def _check_commit_step_args(score, tau, active, proposal, positions, x, state, end_ids, theta, cap, fallback_score,
+                            held, inclusive, fill_id, stop_at_eot) -> None:
+    """`commit_step`'s argument checks: each names the argument and what it must be."""
+    from tracelock.kernels.ref import commit_margin_threshold
+
+    _check_arg("x", x, (torch.int64,))
+    _check_dims("x", x, "[B, L]")
+    _check_arg("score", score, _FLOATS, like=("x", x))
+    _check_dims("score", score, "[B, R]")
+    B, L = x.shape
+    R = score.shape[1]
+    if score.shape[0] != B or R == 0 or L == 0:
+        raise ValueError(f"score must be [B, R] with B = {B} (x's rows) and R >= 1, and x must have L >= 1 "
+                         f"positions; got score {list(score.shape)}, x {list(x.shape)}")
+    like = ("x", x)
+    _check_arg("tau", tau, _FLOATS, (B,), like)
+    _check_arg("active", active, (torch.bool,), (B, R), like)
+    _check_arg("proposal", proposal, (torch.int64,), (B, R), like)
+    _check_arg("positions", positions, (torch.int64,), (B, R), like)
+    _check_arg("state", state, (torch.uint8,), (B, L), like)
+    _check_arg("end_ids", end_ids, (torch.int64,), like=like)
+    _check_dims("end_ids", end_ids, "[E]")
+    if fallback_score is not None:
+        _check_arg("fallback_score", fallback_score, _FLOATS, (B, R), like)
+    if held is not None:
+        _check_arg("held", held, (torch.bool,), (B, R), like)
+    commit_margin_threshold(theta)
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+        raise ValueError(f"cap must be an int >= 0 (0 = no cap), got {cap!r}")
+    for name, value in (("inclusive", inclusive), ("stop_at_eot", stop_at_eot)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {value!r}")
+    if isinstance(fill_id, bool) or not isinstance(fill_id, int):
+        raise TypeError(f"fill_id must be an int token id, got {fill_id!r}")
+
+
 def commit_step(
     score: torch.Tensor,
     tau: torch.Tensor,
@@ -659,37 +695,9 @@ def commit_step(
     Returns:
         (first_active [B] int64, the first ACTIVE position per row or L; committed [B] int64, slots committed).
     """
-    from tracelock.kernels.ref import commit_margin_threshold
-
-    _check_arg("x", x, (torch.int64,))
-    _check_dims("x", x, "[B, L]")
-    _check_arg("score", score, _FLOATS, like=("x", x))
-    _check_dims("score", score, "[B, R]")
-    B, L = x.shape
-    R = score.shape[1]
-    if score.shape[0] != B or R == 0 or L == 0:
-        raise ValueError(f"score must be [B, R] with B = {B} (x's rows) and R >= 1, and x must have L >= 1 "
-                         f"positions; got score {list(score.shape)}, x {list(x.shape)}")
-    like = ("x", x)
-    _check_arg("tau", tau, _FLOATS, (B,), like)
-    _check_arg("active", active, (torch.bool,), (B, R), like)
-    _check_arg("proposal", proposal, (torch.int64,), (B, R), like)
-    _check_arg("positions", positions, (torch.int64,), (B, R), like)
-    _check_arg("state", state, (torch.uint8,), (B, L), like)
-    _check_arg("end_ids", end_ids, (torch.int64,), like=like)
-    _check_dims("end_ids", end_ids, "[E]")
-    if fallback_score is not None:
-        _check_arg("fallback_score", fallback_score, _FLOATS, (B, R), like)
-    if held is not None:
-        _check_arg("held", held, (torch.bool,), (B, R), like)
-    commit_margin_threshold(theta)
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-        raise ValueError(f"cap must be an int >= 0 (0 = no cap), got {cap!r}")
-    for name, value in (("inclusive", inclusive), ("stop_at_eot", stop_at_eot)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be a bool, got {value!r}")
-    if isinstance(fill_id, bool) or not isinstance(fill_id, int):
-        raise TypeError(f"fill_id must be an int token id, got {fill_id!r}")
+    _check_commit_step_args(score, tau, active, proposal, positions, x, state, end_ids, theta, cap, fallback_score,
+                            held, inclusive, fill_id, stop_at_eot)
+    B, R = score.shape
     _check_no_nan(active, score=score, tau=tau[:, None].expand(B, R), fallback_score=fallback_score)
     chosen = _pick_impl("commit_step", impl, x.device)
     return _raw("commit_step", chosen)(score, tau, active, proposal, positions, x, state, end_ids, float(theta), cap,

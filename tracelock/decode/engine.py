@@ -448,7 +448,7 @@ class DecodeEngine:
         return verbs.commit_region(self.schedule, self.block_idx[rows], self.first_active[rows], self.length,
                                    self.lookahead)
 
-    def _parts(self):
+    def _row_groups(self):
         """[num_slots] bool each: live rows, rows that refresh at this step, rows that take a cached step."""
         live = self.first_active < self.length
         if self.cache is None:
@@ -458,7 +458,7 @@ class DecodeEngine:
         return live, need, live & ~need
 
     def _prepare_body(self):
-        live, need, cached = self._parts()
+        live, need, cached = self._row_groups()
         packed = live.sum()
         if need is not None:
             packed = packed + (need.sum() << _BITS) + (cached.sum() << 2 * _BITS)
@@ -498,13 +498,13 @@ class DecodeEngine:
                                   kernels=self.kernels, **cache_args)
 
     def _forward_plain(self, k: int):
-        live, _, _ = self._parts()
+        live, _, _ = self._row_groups()
         rows, _, target = self._rows(k, live)
         head, taps, _ = self._forward(rows, self._region(rows).query(), self._tap_positions(k))
         self._store_outputs(target, head, taps)
 
     def _forward_refresh(self, k: int):
-        _, need, _ = self._parts()
+        _, need, _ = self._row_groups()
         rows, _, target = self._rows(k, need)
         head, taps, kv = self._forward(rows, self._region(rows).query(), self._tap_positions(k), store_kv=True)
         for mine, theirs in zip(self.kv.keys + self.kv.values, kv.keys + kv.values):
@@ -515,7 +515,7 @@ class DecodeEngine:
         self._store_outputs(target, head, taps)
 
     def _forward_cached(self, k: int):
-        _, need, cached = self._parts()
+        _, need, cached = self._row_groups()
         rows, _, target = self._rows(k, cached)
         region = self._region(rows)
         query, L = region.query(), self.length
@@ -548,7 +548,7 @@ class DecodeEngine:
         """Close the step of every slot from the buffers the forwards filled: the shared `verbs.close_step`, the
         block advance, the cache bookkeeping and the commit log."""
         N = self.num_slots
-        live, need, _ = self._parts()
+        live, need, _ = self._row_groups()
         region = self._region()
         counters = RowCounters(self.block_idx, self.region_step, self.region_initial, self.steps)
         signals = Signals(*(buf[:N] for buf in self.signal_buffers))

@@ -82,7 +82,8 @@ class DecodeKVCache:
 
     def __init__(self, mode: str, schedule_kind: str, refresh_every, refresh_shift, *, B: int, L: int, shift: int,
                  needs_taps: bool, device):
-        self.mode, self.refresh_every, self.L, self.shift, self.needs_taps = mode, refresh_every, L, shift, needs_taps
+        self.mode, self.refresh_every, self.shift, self.needs_taps = mode, refresh_every, shift, needs_taps
+        self.canvas_len = L
         self.refresh_shift = trigger_shift(schedule_kind, refresh_shift)
         self.pointer = torch.zeros(B, dtype=torch.long, device=device)  # the commit region's left end at the refresh
         self.since = torch.zeros(B, dtype=torch.long, device=device)  # steps since the last refresh (0 = never)
@@ -102,7 +103,8 @@ class DecodeKVCache:
         parts = []
         refresh, cached = need.nonzero().flatten(), (~need).nonzero().flatten()
         if refresh.numel():
-            every = torch.arange(self.L, device=rows.device).expand(len(refresh), -1) if self.needs_taps else None
+            every = (torch.arange(self.canvas_len, device=rows.device).expand(len(refresh), -1) if self.needs_taps
+                     else None)
             head, taps, kv = forward(rows[refresh], positions[refresh], every, store_kv=True)
             self._store(rows[refresh], lo[refresh], kv, taps)
             parts.append((refresh, head, None if taps is None else tuple(t[:, :T] for t in taps)))
@@ -142,7 +144,7 @@ class DecodeKVCache:
         """(query [b, Q] output rows to recompute, fresh [b, F] canvas positions whose taps they give, None for a
         policy without taps), each row padded by repeating its last position."""
         start = self.pointer[rows]
-        end = torch.full_like(hi, self.L) if self.mode == "prefix" else hi
+        end = torch.full_like(hi, self.canvas_len) if self.mode == "prefix" else hi
         query = _span(start - self.shift, end)
         # taps of [pointer, min(end, T)): their output rows (shifted) are all in the query
         fresh = _span(start, end.clamp(max=T)) if self.needs_taps else None

@@ -70,7 +70,7 @@ class Schedule:
 
     def bind(self, prompt_len: int, steps_per_region: int) -> None:
         """Fix the canvas layout (the generation starts at ``prompt_len``) and the policy's step budget."""
-        self.P, self.S = prompt_len, steps_per_region
+        self.prompt_len, self.steps_per_region = prompt_len, steps_per_region
 
     def start(self, state: torch.Tensor, prompt_len: int, steps_per_region: int) -> RowCounters:
         self.bind(prompt_len, steps_per_region)
@@ -84,15 +84,15 @@ class Schedule:
 
     def schedule_bounds(self, block_idx: torch.Tensor):
         if self.kind == "block":
-            lo = self.P + block_idx * self.block
+            lo = self.prompt_len + block_idx * self.block
             return lo, lo + self.block
-        lo = torch.full_like(block_idx, self.P)
+        lo = torch.full_like(block_idx, self.prompt_len)
         return lo, lo + self.gen_length
 
     def commit_bounds(self, block_idx: torch.Tensor, first_active: torch.Tensor):
         """[lo, hi) per row: the block, the window from the first active position, or the full region."""
         if self.kind == "window":
-            end = self.P + self.gen_length
+            end = self.prompt_len + self.gen_length
             lo = first_active.clamp(max=end)
             return lo, (lo + self.window).clamp(max=end)
         return self.schedule_bounds(block_idx)
@@ -109,8 +109,9 @@ class Schedule:
     def _leave_finished_blocks(self, state, c: RowCounters, rows):
         """Move the given rows past blocks that have no active position left (several if stop-at-EOT filled them)."""
         if self.kind == "block":
-            self.skip_finished_blocks(state, c.block_idx, c.region_step, c.region_initial, c.steps, rows, self.P,
-                                      self.block, self.num_regions, self.S, self.idle_steps)
+            self.skip_finished_blocks(state, c.block_idx, c.region_step, c.region_initial, c.steps, rows,
+                                      self.prompt_len, self.block, self.num_regions, self.steps_per_region,
+                                      self.idle_steps)
 
     def advance(self, state: torch.Tensor, c: RowCounters, rows: torch.Tensor) -> None:
         """After a step on ``rows`` [B] bool: count it, and end the blocks that are finished."""

@@ -325,6 +325,31 @@ class DiffusionBackbone(nn.Module):
                            kernels=kernels)
         return out
 
+    def _check_forward(self, input_ids, attention_mask, return_logits, return_hidden, return_taps, head_op, tap_op,
+                       causal, store_kv, kv_cache, query_positions) -> None:
+        """`forward`'s argument checks: the combinations that cannot go together, each error saying what to pass."""
+        if (kv_cache is None) != (query_positions is None):
+            raise ValueError("kv_cache and query_positions go together: pass both (a cached step) or neither")
+        if kv_cache is not None and (causal or store_kv):
+            raise ValueError("a cached step (kv_cache) cannot also be causal or store_kv; refresh with a full "
+                             "forward (store_kv=True, no kv_cache)")
+        if causal and attention_mask is not None:
+            raise ValueError("causal=True takes no attention_mask (the causal mask is the only mask); pass "
+                             "unpadded rows or causal=False")
+        if head_op is not None and (return_logits or return_hidden):
+            raise ValueError("head_op replaces the LM head and returns only its stats: pass return_logits=False "
+                             "and return_hidden=False with it (or drop head_op to get logits or hidden)")
+        if tap_op is not None and not return_taps:
+            raise ValueError("tap_op folds the three taps, so it needs tap rows: pass return_taps=True (with "
+                             "tap_positions, default all rows) or drop tap_op")
+        if return_taps and len(self.blocks) < 3:
+            raise ValueError(f"return_taps reads the last three layers' hidden states, but this model has "
+                             f"{len(self.blocks)} layers; use a model with at least 3")
+        L = input_ids.shape[1]
+        if L > self.spec.max_positions:
+            raise ValueError(f"input_ids has {L} positions but the model supports at most {self.spec.max_positions} "
+                             f"(max positions in config.json); shorten the prompt or gen_length")
+
     def forward(self, input_ids, attention_mask=None, position_ids=None, *, logit_positions=None,
                 return_logits=None, return_hidden=False, return_taps=False, tap_positions=None,
                 head_op=None, tap_op=None, causal=False, store_kv=False, kv_cache=None,
@@ -376,27 +401,9 @@ class DiffusionBackbone(nn.Module):
         """
         if return_logits is None:
             return_logits = head_op is None
-        if (kv_cache is None) != (query_positions is None):
-            raise ValueError("kv_cache and query_positions go together: pass both (a cached step) or neither")
-        if kv_cache is not None and (causal or store_kv):
-            raise ValueError("a cached step (kv_cache) cannot also be causal or store_kv; refresh with a full "
-                             "forward (store_kv=True, no kv_cache)")
-        if causal and attention_mask is not None:
-            raise ValueError("causal=True takes no attention_mask (the causal mask is the only mask); pass "
-                             "unpadded rows or causal=False")
-        if head_op is not None and (return_logits or return_hidden):
-            raise ValueError("head_op replaces the LM head and returns only its stats: pass return_logits=False "
-                             "and return_hidden=False with it (or drop head_op to get logits or hidden)")
-        if tap_op is not None and not return_taps:
-            raise ValueError("tap_op folds the three taps, so it needs tap rows: pass return_taps=True (with "
-                             "tap_positions, default all rows) or drop tap_op")
-        if return_taps and len(self.blocks) < 3:
-            raise ValueError(f"return_taps reads the last three layers' hidden states, but this model has "
-                             f"{len(self.blocks)} layers; use a model with at least 3")
+        self._check_forward(input_ids, attention_mask, return_logits, return_hidden, return_taps, head_op, tap_op,
+                            causal, store_kv, kv_cache, query_positions)
         B, L = input_ids.shape
-        if L > self.spec.max_positions:
-            raise ValueError(f"input_ids has {L} positions but the model supports at most {self.spec.max_positions} "
-                             f"(max positions in config.json); shorten the prompt or gen_length")
         if position_ids is None:
             position_ids = self.positions_for(attention_mask, B, L)
         kernels = kernels or spec_kernels()

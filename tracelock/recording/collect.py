@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tracelock.atomic import atomic_write_json, folder_lock, remove_stale_temps
 from tracelock.text import read_prompt_rows
-from tracelock.traces.filters import FilterConfig, code_reasons, text_reason
+from tracelock.traces.filters import TraceFilterConfig, code_reasons, text_reason
 from tracelock.traces.store import TraceWriter, build_index, done_records, store_bytes_per_trace, stored_ids
 
 SETTINGS, SUMMARY = "collect.json", "summary.json"
@@ -113,7 +113,7 @@ def _check_settings(out: Path, settings: dict, rank: int) -> None:
         atomic_write_json(path, settings)
 
 
-def _filter_reasons(items, traces, completions, end_ids, config: FilterConfig) -> list:
+def _filter_reasons(items, traces, completions, end_ids, config: TraceFilterConfig) -> list:
     from tracelock.tasks import code_program
     from tracelock.text import answer_ids
 
@@ -144,7 +144,7 @@ def check_decoding(policy: str, policy_args: dict | None, gen_length: int, block
 
 def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=None, window=None,
             policy="confidence", policy_args=None, fraction=1.0, keep_confidence=False, stop_at_eot=False,
-            batch_size=16, seed=0, shard_size=64, filters: FilterConfig | None = None, rank=0, world_size=1,
+            batch_size=16, seed=0, shard_size=64, filters: TraceFilterConfig | None = None, rank=0, world_size=1,
             dtype="float32", device="cpu") -> dict | None:
     """Collect canonical traces of ``prompts`` (see `load_items`) into the store folder ``out``.
 
@@ -168,7 +168,7 @@ def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=Non
     check_decoding(policy, policy_args, gen_length, block, window)  # before the folder is made or the model loads
     if not 0 < fraction <= 1:
         raise ValueError(f"--fraction {fraction} must lie in (0, 1]: the share of each row's steps to record")
-    filters = filters or FilterConfig()
+    filters = filters or TraceFilterConfig()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     items = load_items(prompts, num, seed)
@@ -253,7 +253,7 @@ def run_collect(args) -> int:
     from tracelock.cli_common import policy_and_args
     from tracelock.distributed import torchrun_group
 
-    filters = FilterConfig(min_tokens=args.min_tokens, run_tests=not args.no_tests, enabled=not args.no_filters)
+    filters = TraceFilterConfig(min_tokens=args.min_tokens, run_tests=not args.no_tests, enabled=not args.no_filters)
     policy, policy_args = policy_and_args(args.policy, args.policy_arg)
     with torchrun_group(args.device) as (rank, world, device):
         summary = collect(args.model, args.prompts, args.out, num=args.limit, gen_length=args.gen_length,
@@ -305,7 +305,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--shard-size", type=bounded_int(MAX_BATCH, "traces held before a shard is written"), default=64,
                    help="traces per shard")
     p.add_argument("--min-tokens", type=bounded_int(MAX_GEN_LENGTH, "generated positions", minimum=0),
-                   default=FilterConfig.min_tokens, help="shorter answers are dropped")
+                   default=TraceFilterConfig.min_tokens, help="shorter answers are dropped")
     p.add_argument("--no-tests", action="store_true", help="do not run code answers against their hidden tests")
     p.add_argument("--no-filters", action="store_true", help="keep every decoded row")
     add_model_dtype(p)

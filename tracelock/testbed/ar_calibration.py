@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from tracelock.atomic import atomic_write_json
-from tracelock.testbed.train_config import TrainConfig
+from tracelock.testbed.train_config import BackboneTrainConfig
 
 
 def _torch():
@@ -24,7 +24,7 @@ def _torch():
     return torch
 
 
-def train_ar(cfg: TrainConfig, progress: bool = True):
+def train_ar(cfg: BackboneTrainConfig, progress: bool = True):
     """A fresh backbone trained for ``cfg.steps`` next-token steps; returns (model, tokenizer, seconds)."""
     from tracelock.progress import progress_bar
     from tracelock.testbed.train import Batches, _build, _lr, ar_loss, check_config, make_optimizer
@@ -69,7 +69,7 @@ def greedy_completion(model, tokenizer, prompt: str, max_new_tokens: int) -> str
     return tokenizer.decode(ids[start:])
 
 
-def calibrate(cfg: TrainConfig, n: int, split: str = "validation", max_new_tokens: int = 64,
+def calibrate(cfg: BackboneTrainConfig, n: int, split: str = "validation", max_new_tokens: int = 64,
               progress: bool = True) -> dict:
     """Train (see `train_ar`) and score ``n`` held-out items per task; returns the result dict."""
     from tracelock.tasks import held_out
@@ -87,8 +87,8 @@ def calibrate(cfg: TrainConfig, n: int, split: str = "validation", max_new_token
 
 
 def _run(args):
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
+    fields = {f.name for f in dataclasses.fields(BackboneTrainConfig)}
+    cfg = BackboneTrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
     result = calibrate(cfg, args.limit, args.split)
     atomic_write_json(Path(cfg.out) / "ar_calibration.json", result)
     for task, r in result["tasks"].items():
@@ -104,7 +104,7 @@ def add_parsers(sub):
     p.add_argument("--out", required=True, help="new run folder (tokenizer, config, ar_calibration.json)")
     add_limit(p, default=40, help="held-out items per task", old=("--n",))
     p.add_argument("--split", choices=["validation", "test"], default="validation", help="split of the scored items")
-    defaults = TrainConfig(out="")
+    defaults = BackboneTrainConfig(out="")
     # the same types as testbed-train's options: a count below 1 or a thread count past the machine is refused here
     types = dict(seed=seed_int, warmup=int)
     for name in ("seed", "steps", "batch_size", "d_model", "n_layers", "n_heads", "mlp", "vocab_size",

@@ -38,9 +38,9 @@ def train_demo_controller(model_path, work, config: DemoMethodConfig = DemoMetho
     from tracelock.progress import progress_bar
     from tracelock.recording.collect import collect
     from tracelock.traces.cache import featurize
-    from tracelock.traces.filters import FilterConfig
+    from tracelock.traces.filters import TraceFilterConfig
     from tracelock.traces.store import iter_traces, load_index
-    from tracelock.train.controller import TrainConfig, train
+    from tracelock.train.fit import TrainConfig, train
 
     work = Path(work)
     traces, encoder_dir, cache, run = work / "traces", work / "encoder", work / "cache", work / "controller"
@@ -50,7 +50,7 @@ def train_demo_controller(model_path, work, config: DemoMethodConfig = DemoMetho
     say(f"collect traces ({config.num} training items per task)")
     summary = collect(model_path, f"testbed:{config.tasks}", traces, num=config.num, gen_length=config.gen_length,
                       block=config.block, fraction=config.fraction, batch_size=config.decode_batch_size,
-                      seed=config.seed, filters=FilterConfig(enabled=config.filters), device=device)
+                      seed=config.seed, filters=TraceFilterConfig(enabled=config.filters), device=device)
     if not summary["kept"]:
         raise RuntimeError(f"every collected trace in {traces} was filtered out ({summary['filtered']}); "
                            "the model is too weak for the demo's filters, pass a stronger --model")

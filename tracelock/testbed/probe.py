@@ -98,9 +98,9 @@ def compute_case_share(tokenizer, spec, block_fraction: float, steps: int = 60, 
     The first ``steps`` batches of a run with ``seed`` (math only, batch 32) and their masks as `draw_masks` draws
     them with ``block_fraction``.
     """
-    from tracelock.testbed.train import Batches, TrainConfig, draw_masks, mask_generator
+    from tracelock.testbed.train import BackboneTrainConfig, Batches, draw_masks, mask_generator
 
-    cfg = TrainConfig(out="", seed=seed, tasks=("math",), block_fraction=block_fraction)
+    cfg = BackboneTrainConfig(out="", seed=seed, tasks=("math",), block_fraction=block_fraction)
     batches = Batches(cfg, tokenizer, spec)
     computed = total = 0
     for step in range(steps):

@@ -42,7 +42,7 @@ from tracelock.models.spec import ModelSpec
 from tracelock.progress import progress_bar
 from tracelock.tasks import held_out, sample
 from tracelock.testbed.model_files import FAMILIES, export_weights, train_tokenizer, write_folder_files
-from tracelock.testbed.train_config import TrainConfig
+from tracelock.testbed.train_config import BackboneTrainConfig
 from tracelock.text import encode_prompt
 
 # the most task texts the tokenizer may train on: a huge --tokenizer-corpus ran in library code for as long as it
@@ -67,7 +67,8 @@ def _weights_config(config: dict) -> dict:
     A setting missing from ``config`` (a state saved before the setting existed) takes its default, which
     reproduces the older behaviour: a run saved then resumes when the new setting is left at its default.
     """
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
+    defaults = {f.name: f.default for f in dataclasses.fields(BackboneTrainConfig)
+                if f.default is not dataclasses.MISSING}
     full = json.loads(json.dumps({**defaults, **config}))
     return {k: v for k, v in full.items()
             if k not in ("out", "save_every", "threads", "compile", "probe_every", "probe_items", "device",
@@ -77,7 +78,7 @@ def _weights_config(config: dict) -> dict:
 class Batches:
     """Training batches as a pure function of (seed, step): a resumed run sees the same data."""
 
-    def __init__(self, cfg: TrainConfig, tokenizer, spec):
+    def __init__(self, cfg: BackboneTrainConfig, tokenizer, spec):
         self.cfg, self.tok, self.spec = cfg, tokenizer, spec
 
     def __call__(self, step: int):
@@ -187,7 +188,7 @@ def sft_loss(model, x, answer_region, generator, eps, answer_len=None, block_fra
     return (token_loss / norm).sum() / B
 
 
-def make_optimizer(cfg: TrainConfig, model) -> torch.optim.AdamW:
+def make_optimizer(cfg: BackboneTrainConfig, model) -> torch.optim.AdamW:
     """AdamW with weight decay on the matrices only (not on the norm weights)."""
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -195,7 +196,7 @@ def make_optimizer(cfg: TrainConfig, model) -> torch.optim.AdamW:
                               {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
 
 
-def _lr(cfg: TrainConfig, step: int) -> float:
+def _lr(cfg: BackboneTrainConfig, step: int) -> float:
     """Linear warm-up then cosine decay to ``min_lr_ratio``; the AR phase and the masked phase each get one."""
     peak = cfg.lr
     if step < cfg.ar_steps:
@@ -268,7 +269,7 @@ def _load_state(out: Path, model, opt) -> tuple:
     return log["step"], log
 
 
-def _check_init(cfg: TrainConfig) -> None:
+def _check_init(cfg: BackboneTrainConfig) -> None:
     """The ``init`` checkpoint must have the run's family and sizes."""
     spec = ModelSpec.from_pretrained(cfg.init)
     ours = dict(family=cfg.family, hidden_size=cfg.d_model, num_layers=cfg.n_layers, num_heads=cfg.n_heads,
@@ -279,7 +280,7 @@ def _check_init(cfg: TrainConfig) -> None:
                          f"{ {k: ours[k] for k in wrong} }; pass the init's family and sizes")
 
 
-def _build(cfg: TrainConfig, out: Path):
+def _build(cfg: BackboneTrainConfig, out: Path):
     """Tokenizer and config files (fresh run: trained, or the ``init`` checkpoint's) or the existing ones (resume),
     and an initialised model (random, or the ``init`` checkpoint's weights)."""
     if cfg.init is not None:
@@ -380,9 +381,9 @@ def _deterministic_algorithms():
         torch.use_deterministic_algorithms(previous, warn_only=warn_only)
 
 
-def check_config(cfg: TrainConfig) -> None:
+def check_config(cfg: BackboneTrainConfig) -> None:
     """Refuse settings that are wrong, or that would hang or abort the process (a huge tokenizer corpus, vocabulary
-    or model), before any work: every command that builds a testbed model from a `TrainConfig` calls it."""
+    or model), before any work: every command that builds a testbed model from a `BackboneTrainConfig` calls it."""
     if cfg.family not in FAMILIES:
         raise ValueError(f"family={cfg.family!r}: the testbed model is one of {', '.join(FAMILIES)}; pass --family "
                          "llada or --family dream")
@@ -414,7 +415,8 @@ def check_config(cfg: TrainConfig) -> None:
                          "of --n-heads (the recipe's: 128 and 2)")
 
 
-def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_after: int | None = None) -> Path:
+def train_backbone(cfg: BackboneTrainConfig, resume: bool = True, progress: bool = True,
+                   stop_after: int | None = None) -> Path:
     """Run (or resume) training; returns the run folder, which holds the final weights when it completes.
 
     ``stop_after`` ends the process-level run early after that step's state is saved (an interruption). A second
@@ -428,7 +430,8 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True, stop_aft
     return out
 
 
-def _train(cfg: TrainConfig, device: torch.device, resume: bool, progress: bool, stop_after: int | None) -> Path:
+def _train(cfg: BackboneTrainConfig, device: torch.device, resume: bool, progress: bool,
+           stop_after: int | None) -> Path:
     out = Path(cfg.out)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

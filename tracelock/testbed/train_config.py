@@ -1,13 +1,13 @@
-"""`TrainConfig` of `tracelock testbed-train` and the shipped model's recipe, without torch (the CLI reads them to
-build its ``--help``, which must not import torch)."""
+"""`BackboneTrainConfig` of `tracelock testbed-train` and the shipped model's recipe, without torch (the CLI reads
+them to build its ``--help``, which must not import torch)."""
 
 from dataclasses import dataclass
 
-__all__ = ["SHIPPED_RECIPE", "SHIPPED_RECIPES", "TrainConfig", "recipe_config"]
+__all__ = ["SHIPPED_RECIPE", "SHIPPED_RECIPES", "BackboneTrainConfig", "recipe_config"]
 
 
 @dataclass
-class TrainConfig:
+class BackboneTrainConfig:
     out: str
     family: str = "llada"  # "dream": a Dream-format checkpoint with shifted logits (see `tracelock.testbed.train`)
     seed: int = 0
@@ -67,8 +67,8 @@ SHIPPED_RECIPES = {
 SHIPPED_RECIPE = SHIPPED_RECIPES["llada"]
 
 
-def recipe_config(out, family: str = "llada", **overrides) -> TrainConfig:
-    """The shipped ``family`` model's recipe, with ``overrides`` (any `TrainConfig` field) on top."""
+def recipe_config(out, family: str = "llada", **overrides) -> BackboneTrainConfig:
+    """The shipped ``family`` model's recipe, with ``overrides`` (any `BackboneTrainConfig` field) on top."""
     if family not in SHIPPED_RECIPES:
         raise ValueError(f"family={family!r}: the testbed model is one of {', '.join(SHIPPED_RECIPES)}")
-    return TrainConfig(out=str(out), **{**SHIPPED_RECIPES[family], "family": family, **overrides})
+    return BackboneTrainConfig(out=str(out), **{**SHIPPED_RECIPES[family], "family": family, **overrides})

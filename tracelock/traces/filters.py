@@ -19,7 +19,7 @@ DOES_NOT_PARSE, FAILS_TESTS = "does_not_parse", "fails_tests"
 
 
 @dataclass(frozen=True)
-class FilterConfig:
+class TraceFilterConfig:
     """Thresholds of the filters. The defaults pass every reference answer of the testbed tasks.
 
     Args:
@@ -78,7 +78,7 @@ def does_not_parse(program: str) -> str | None:
     return None
 
 
-def text_reason(answer: list, config: FilterConfig) -> str | None:
+def text_reason(answer: list, config: TraceFilterConfig) -> str | None:
     """The first text filter that drops ``answer`` (ids before the first end token), or None."""
     if not config.enabled:
         return None
@@ -87,7 +87,7 @@ def text_reason(answer: list, config: FilterConfig) -> str | None:
             or repeated_ngram(answer, config.max_repeats, config.min_span, config.max_ngram))
 
 
-def code_reasons(programs: list, tests: list, config: FilterConfig, workers: int = 2) -> list:
+def code_reasons(programs: list, tests: list, config: TraceFilterConfig, workers: int = 2) -> list:
     """For code rows: "does_not_parse", or "fails_tests" when ``tests[i]`` = (test code, entry point) is given and
     the program fails them in the sandbox; None keeps the row."""
     if len(tests) != len(programs):

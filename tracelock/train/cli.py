@@ -5,7 +5,7 @@ import os
 
 
 def _train(args):
-    from tracelock.train.controller import TrainConfig, train
+    from tracelock.train.fit import TrainConfig, train
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     given = {k: v for k, v in vars(args).items() if k in fields and v is not None}

@@ -39,7 +39,7 @@ def self_train(model_path, controller, pre_cache, prompts: str, out, *, num=None
     from tracelock.recording.collect import collect
     from tracelock.traces.cache import featurize
     from tracelock.traces.store import iter_traces, load_index
-    from tracelock.train.controller import TrainConfig, train
+    from tracelock.train.fit import TrainConfig, train
 
     out, controller = Path(out), Path(controller)
     if not (controller / "best.safetensors").is_file():
