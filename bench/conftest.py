@@ -170,14 +170,14 @@ def _quick_controller(folder: Path, model) -> Path:
     from tracelock.features import fit_encoder
     from tracelock.recording.collect import collect
     from tracelock.traces.cache import featurize
-    from tracelock.traces.filters import FilterConfig
+    from tracelock.traces.filters import TraceFilterConfig
     from tracelock.traces.store import iter_traces
-    from tracelock.train.controller import TrainConfig, train
+    from tracelock.train.fit import TrainConfig, train
 
     q = QUICK_CONTROLLER
     # no filters: the bench needs a controller of the right architecture, and this model answers few items right
     collect("testbed", "testbed:math", folder / "traces", num=q["traces"], gen_length=64, batch_size=q["traces"],
-            filters=FilterConfig(enabled=False))
+            filters=TraceFilterConfig(enabled=False))
     encoder = fit_encoder(model, iter_traces(folder / "traces"), max_positions=2048)
     encoder.save(folder / "encoder")
     featurize(model, encoder, iter_traces(folder / "traces"), folder / "cache", dtype="fp16")
@@ -232,12 +232,12 @@ def _quick_l2p(folder: Path, model, block: int) -> Path:
     from tracelock.l2p.data import block_examples
     from tracelock.l2p.train import fit_filter
     from tracelock.recording.collect import collect
-    from tracelock.traces.filters import FilterConfig
+    from tracelock.traces.filters import TraceFilterConfig
     from tracelock.traces.store import iter_traces
 
     q = QUICK_L2P
     collect("testbed", "testbed:math", folder / "traces", num=q["traces"], gen_length=64, block=block,
-            batch_size=q["traces"], filters=FilterConfig(enabled=False))
+            batch_size=q["traces"], filters=TraceFilterConfig(enabled=False))
     inputs, labels, groups = block_examples(model, iter_traces(folder / "traces"), block)
     filt = fit_filter(inputs, labels, groups, family=model.spec.family, eos_id=model.spec.eos_id,
                       backbone=backbone_fingerprint(model), epochs=q["epochs"])
