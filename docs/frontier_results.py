@@ -1,5 +1,6 @@
 """Draw docs/frontier.png and print the steps-at-reference table of the first, superseded test frontier (the first N
-test items; docs/history.md), from its results in bench/results/ (`bench/testbed_frontier.sh` on each bundled model).
+test items; docs/history.md), from its results in bench/results/ (`bench/studies/testbed_frontier.sh` on each bundled
+model).
 
     python docs/frontier_results.py [OUT.png]
 

@@ -18,7 +18,7 @@ tl = triton.language
 # through once). PER_SM programs per SM set the grid. SWAP_AB computes (W @ x.T).T so that the weight tile is the
 # MMA's 64- or 128-row operand (Hopper's warp-group MMA at any M); else x is, padded to 16 rows. Every config fits
 # sm_90's shared memory at BLOCK_M = 64 with the gate/up pair (tests/test_kernels_compile.py); the GPU session
-# (bench/gpu_gemm.py) times each.
+# (bench/studies/gpu_gemm.py) times each.
 CONFIGS = [
     triton.Config({"BLOCK_N": 64, "BLOCK_K": 64, "PER_SM": 2, "SWAP_AB": False}, num_warps=4, num_stages=3),
     triton.Config({"BLOCK_N": 64, "BLOCK_K": 128, "PER_SM": 2, "SWAP_AB": False}, num_warps=8, num_stages=4),

@@ -76,7 +76,7 @@ def test_the_frontier_picture_and_tables_are_drawn_from_the_results(tmp_path):
 
 @pytest.mark.parametrize(("family", "png"), [("llada", "verdict.png"), ("dream", "verdict-dream.png")])
 def test_the_verdict_pictures_are_drawn_from_the_committed_records(tmp_path, family, png):
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "verdict_figure.py"),
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "studies" / "verdict_figure.py"),
                            str(ROOT / "bench" / "results" / f"verdict-testbed-{family}"), str(tmp_path / png)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -116,7 +116,8 @@ SHIPPED_RULE_CELLS = [(family, f"{task}-{setting}") for family in ("llada", "dre
 
 
 def _cell_curves(records: Path) -> dict:
-    """{curve: ([0/1 per item per point], [steps per item per point])} of a `bench/matched_runs.py --records` file:
+    """{curve: ([0/1 per item per point], [steps per item per point])} of a `bench/studies/matched_runs.py --records`
+    file:
     the tracelock points are one curve ("tracelock"), the heuristics group by their policy name without its knob."""
     import json
 

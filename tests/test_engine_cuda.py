@@ -1,6 +1,6 @@
 """The static-shape engine on a CUDA device (tiny checkpoints, fp32): uncompiled, its steps captured as CUDA graphs
 (``compile="cudagraphs"``) and torch.compile with CUDA graphs (``compile=True``), each row equal to `fused_generate`
-on its prompt alone; one host sync per step. Skipped without a GPU (bench/gpu_compile_session.sh runs it)."""
+on its prompt alone; one host sync per step. Skipped without a GPU (bench/studies/gpu_compile_session.sh runs it)."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
-"""The GPU sessions' measuring scripts in their CPU dry runs (micro checkpoints, tiny shapes): bench/gpu_decode.py,
-bench/gpu_step.py and bench/gpu_race.py. Every stage runs and the JSON holds each figure the GPU run reports (the
-GPU-only ones are None or skipped with a reason on a CPU)."""
+"""The GPU sessions' measuring scripts in their CPU dry runs (micro checkpoints, tiny shapes):
+bench/studies/gpu_decode.py, gpu_step.py and gpu_race.py. Every stage runs and the JSON holds each figure the GPU run
+reports (the GPU-only ones are None or skipped with a reason on a CPU)."""
 
 import importlib.util
 import json
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "studies"
 
 
 def _script(name: str):
@@ -129,7 +129,7 @@ def test_session_stops_at_once_without_the_peer(tmp_path):
     script = BENCH / "gpu_step_session.sh"
     run = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60, env=env,
                          cwd=tmp_path)  # no bench/.peers here, and no ../shared beside tmp_path
-    assert run.returncode == 2 and "bash bench/stage_peers.sh" in run.stderr, run.stderr
+    assert run.returncode == 2 and "bash bench/studies/stage_peers.sh" in run.stderr, run.stderr
 
 
 def test_stage_guard():

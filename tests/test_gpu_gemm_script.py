@@ -1,4 +1,5 @@
-"""bench/gpu_gemm.py (the matrix products' GPU stage) in its CPU dry run: every stage runs at tiny shapes, each variant
+"""bench/studies/gpu_gemm.py (the matrix products' GPU stage) in its CPU dry run: every stage runs at tiny shapes, each
+variant
 is checked against linear_rows_ref before it is timed, and the JSON holds every figure the GPU run reports (the
 card's ceilings None on a CPU)."""
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "studies"
 
 
 def _script():

@@ -1,6 +1,7 @@
-"""bench/gpu_quant.py in its CPU dry run (the micro checkpoint in fp32): int8 is quantized and timed against the
+"""bench/studies/gpu_quant.py in its CPU dry run (the micro checkpoint in fp32): int8 is quantized and timed against the
 unquantized step, int4 and fp8 are skipped with the refusal a CPU user gets, and the JSON holds each figure the GPU
-run reports (the bandwidth-based ones absent on a CPU). bench/gpu_step_session.sh runs it within its time limits."""
+run reports (the bandwidth-based ones absent on a CPU). bench/studies/gpu_step_session.sh runs it within its time
+limits."""
 
 import importlib.util
 import json
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "studies"
 
 
 def _script(name: str):
@@ -51,7 +52,7 @@ def test_the_session_runs_it_within_its_limits():
     them, with torchao installed from the staged wheels (the device has no network)."""
     script = (BENCH / "gpu_step_session.sh").read_text()
     limits = [int(n) for n in re.findall(r"^\s*(?:\S+=\S+ )?timeout (\d+) python3 (?!-m pip)", script, re.M)]
-    assert sum(limits) < 9.5 * 60 and "bench/gpu_quant.py" in script, (limits, sum(limits))
+    assert sum(limits) < 9.5 * 60 and "bench/studies/gpu_quant.py" in script, (limits, sum(limits))
     assert "find-links bench/.peers/wheels torchao" in script
     assert '"torchao==0.18.0"' in (BENCH / "stage_peers.sh").read_text()
-    assert "torchao==0.18.0" in (BENCH.parent / "constraints.txt").read_text()
+    assert "torchao==0.18.0" in (BENCH.parents[1] / "constraints.txt").read_text()

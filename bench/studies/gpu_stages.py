@@ -1,0 +1,96 @@
+"""What every GPU session script shares: stages guarded and time-budgeted, the cards' ceilings, kernel timing and the
+roofline (bench/studies/gpu_step.py, bench/studies/gpu_race.py)."""
+
+import time
+import traceback
+
+import torch
+
+# (HBM bytes/s, dense bf16 FLOP/s) from NVIDIA's data sheets; the first name the device name contains wins
+CEILINGS = [("H100 PCIe", 2.0e12, 756e12), ("H100", 3.35e12, 989e12), ("H200", 4.8e12, 989e12)]
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+class Budget:
+    """The seconds left of ``seconds`` from now."""
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def run_stage(result: dict, name: str, fn, save, budget: Budget, need: float) -> None:
+    """``result[name] = fn()``, or the error it raised, or why it was skipped (less than ``need`` seconds left);
+    then ``save()``. A failing stage (out of memory included) leaves the next ones their chance."""
+    if budget.left() < need:
+        result[name] = dict(skipped=f"time budget: {budget.left():.0f} s left, the stage needs about {need:.0f} s")
+    else:
+        start = time.perf_counter()
+        try:
+            out = fn()
+        except Exception as err:  # recorded in the JSON; the next stage runs
+            out = dict(error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()[-3000:])
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        result[name] = dict(out, stage_seconds=time.perf_counter() - start)
+    log(name, _brief(result[name]))
+    save()
+
+
+def _brief(out):
+    """``out`` without its tables, markdown and traceback (what the log shows; the JSON has everything)."""
+    if not isinstance(out, dict):
+        return out
+    return {k: _brief(v) for k, v in out.items() if k not in ("table", "markdown", "traceback")}
+
+
+def ceilings(device) -> tuple:
+    """(card, bytes/s, FLOP/s) of a known GPU, else (None, None, None)."""
+    if device.type != "cuda":
+        return None, None, None
+    name = torch.cuda.get_device_name(device)
+    return next(((n, bw, fl) for n, bw, fl in CEILINGS if n in name), (None, None, None))
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn, device, calls: int = 20, warmup: int = 3) -> float:
+    """Mean seconds per call of ``fn`` over ``calls`` back-to-back calls (CUDA events on a GPU) after ``warmup``;
+    on a CPU (a dry run) one warm-up and two calls."""
+    if device.type != "cuda":
+        calls, warmup = 2, 1
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / calls
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+def roofline(bytes_moved: float, flops: float, seconds: float, bandwidth, flop_rate) -> dict:
+    """Achieved GB/s and TFLOP/s; on a known card the roofline time, which bound sets it, and the share reached."""
+    out = dict(seconds=seconds, bytes=bytes_moved, flops=flops, gb_per_s=bytes_moved / seconds / 1e9,
+               tflop_per_s=flops / seconds / 1e12)
+    if bandwidth:
+        memory, compute = bytes_moved / bandwidth, flops / flop_rate
+        out.update(roofline_seconds=max(memory, compute), bound="memory" if memory >= compute else "compute",
+                   roofline_share=max(memory, compute) / seconds)
+    return out
+

@@ -1,0 +1,83 @@
+"""bench/studies/verdict_envelope.py (the shipped rule against the heuristics' envelope, pooled and Holm-adjusted) on
+constructed records and on the committed verdict; bench/studies/holdout.py's draw (disjoint from every earlier one) and
+the
+frozen protocol's points (each a policy that builds)."""
+
+import json
+
+import holdout  # bench/studies/ is on sys.path (its conftest.py)
+import numpy as np
+import verdict_envelope as ve
+
+
+def test_curves_kinds_and_holm():
+    assert ve.curve_of("held-64-16/threshold-tau-0.7-hold-end-true") == "threshold-hold-end-true"
+    assert ve.curve_of("64-16/confidence-per-step-2-score-neg-entropy") == "confidence-score-neg-entropy"
+    assert ve.kind_of("frechet-first-token-true") == "heuristic" and ve.kind_of("factor-hold-end-true") == "held"
+    assert ve.kind_of("tracelock-hold-end-true-fallback-confidence") == "shipped"
+    assert ve.kind_of("tracelock-controller-x-curve-tracelock-st") == "paper" and ve.kind_of("l2p") == "other"
+    # Holm at 0.10 over 4: 0.01 <= 0.025, 0.03 <= 0.033, then 0.055 > 0.05 stops (0.06 <= 0.10 is never reached)
+    assert ve.holm({"a": 0.01, "b": 0.03, "c": 0.06, "d": 0.055}) == {"a", "b"}
+    assert ve.holm({"a": 0.01, "b": 0.03, "c": 0.06, "d": 0.04}) == {"a", "b", "c", "d"}
+
+
+def _cell(tmp_path, family, lead):
+    """A cell of 400 items: a threshold curve (50% in 10 steps, 70% in 20) and the shipped rule ``lead`` points
+    above it at the same steps."""
+    rng = np.random.default_rng(0)
+    ids = [f"math:test:{i}" for i in range(400)]
+
+    def point(acc, steps):
+        correct = "".join("1" if x else "0" for x in rng.random(400) < acc)
+        return dict(correct=correct, steps=[steps] * 400)
+
+    points = {"64-16/threshold-tau-0.5": point(0.5, 10), "64-16/threshold-tau-0.9": point(0.7, 20),
+              "v-64-16/tracelock-theta-0.5-hold-end-true-fallback-confidence": point(0.5 + lead, 10),
+              "v-64-16/tracelock-theta-0.9-hold-end-true-fallback-confidence": point(0.7 + lead, 20)}
+    folder = tmp_path / f"verdict-testbed-{family}"
+    folder.mkdir()
+    (folder / "cells-math-64-16.json").write_text(json.dumps(dict(ids=ids, points=points)))
+    return folder
+
+
+def test_a_clear_lead_wins_a_clear_lag_loses(tmp_path):
+    folders = [_cell(tmp_path, "llada", 0.2), _cell(tmp_path, "dream", -0.2)]
+    result = ve.analyse(folders, resamples=200)["comparisons"]["strongest"]
+    assert result["cells"]["llada math 64/16"]["verdict"] == "win"
+    assert result["cells"]["dream math 64/16"]["verdict"] == "loss"
+    assert result["cells"]["llada math 64/16"]["holm"] == "win"  # p = 2 / 201 <= 0.10 / 2
+    assert abs(result["pooled"]["all"]["gap"]) < 0.05 and result["tally"] == {"win": 1, "tie": 0, "loss": 1}
+
+
+def test_the_committed_verdict_reads_as_published():
+    """The README's tallies from the committed records: 9 wins, 5 ties, 2 losses against the published heuristics;
+    2, 11, 3 with the held threshold in the envelope, pooled -1.3 points."""
+    folders = [ve.Path(__file__).parents[1] / "results" / f"verdict-testbed-{f}" for f in ("llada", "dream")]
+    result = ve.analyse(folders, resamples=200)["comparisons"]
+    assert result["published"]["tally"] == {"win": 9, "tie": 5, "loss": 2}
+    assert result["control"]["tally"] == {"win": 2, "tie": 11, "loss": 3}
+    assert round(100 * result["control"]["pooled"]["all"]["gap"], 1) == -1.3
+
+
+def test_the_holdout_draw_is_disjoint_from_every_earlier_one():
+    from tracelock.tasks import draw
+
+    got = holdout.draw(50, seed=1)
+    for task in holdout.TASKS:
+        places = {int(i.rsplit(":", 1)[1]) for i in got["ids"][task]}
+        assert len(places) == 50 and not places & set(range(holdout.FIRST))
+        assert not places & {i for i, _ in draw(task, "test", 500, seed=2026)}
+        assert not places & {i for i, _ in draw(task, "test", 300, seed=0)}
+    committed = json.loads((holdout.HOLDOUT / "items.json").read_text())
+    assert committed["seed"] == 5959 and all(len(committed["ids"][t]) == committed["n"] for t in holdout.TASKS)
+
+
+def test_the_frozen_protocol_builds():
+    from tracelock.eval.runner import check_policies, parse_policies, parse_settings
+
+    protocol = json.loads((holdout.HOLDOUT / "protocol.json").read_text())
+    for family, fam in protocol["families"].items():
+        for setting in protocol["settings"]:
+            specs = [p for s in holdout.cell_specs(protocol, family, setting) for p in parse_policies(s)]
+            check_policies(specs, parse_settings(setting), "auto", controller=fam["controller"], l2p=None)
+            assert sum(ve.kind_of(ve.curve_of(f"x/{p.slug}")) == "shipped" for p in specs) == 12
