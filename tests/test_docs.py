@@ -117,8 +117,8 @@ SHIPPED_RULE_CELLS = [(family, f"{task}-{setting}") for family in ("llada", "dre
 
 def _cell_curves(records: Path) -> dict:
     """{curve: ([0/1 per item per point], [steps per item per point])} of a `bench/studies/matched_runs.py --records`
-    file:
-    the tracelock points are one curve ("tracelock"), the heuristics group by their policy name without its knob."""
+    file: the tracelock points are one curve ("tracelock"), the heuristics group by their policy name without its
+    knob."""
     import json
 
     curves = {}

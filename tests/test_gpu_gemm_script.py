@@ -1,6 +1,5 @@
 """bench/studies/gpu_gemm.py (the matrix products' GPU stage) in its CPU dry run: every stage runs at tiny shapes, each
-variant
-is checked against linear_rows_ref before it is timed, and the JSON holds every figure the GPU run reports (the
+variant is checked against linear_rows_ref before it is timed, and the JSON holds every figure the GPU run reports (the
 card's ceilings None on a CPU)."""
 
 import importlib.util

@@ -20,7 +20,7 @@ from torch import nn
 
 from tracelock.atomic import atomic_write_text
 from tracelock.integrity import CorruptFileError, load_tensors, read_json, save_tensors
-from tracelock.models.sample import WEIGHT_SAMPLE, weights_sample  # noqa: F401  (this module's names before)
+from tracelock.models.sample import weights_sample
 
 # the paper's widths; anything up to the backbone's hidden size may be asked for
 REFERENCE_HIDDEN_DIM = 256

@@ -4,8 +4,7 @@ runs it).
 
 At a released model's shape (``--shape``, default LLaDA-8B) with random bf16 weights, Fast-dLLM's threshold 0.9
 with the dual cache, gen 256 in blocks of 32 (bench/studies/gpu_decode.py's setting), the engine's steps captured as
-CUDA
-graphs (eager kernels: torchao's products as they run without torch.compile). Stages, each guarded and skipped with
+CUDA graphs (eager kernels: torchao's products as they run without torch.compile). Stages, each guarded and skipped with
 the reason when the time budget (``--budget``) has less left than it needs, B = 1 first for every format, then 32:
 
 1. ``quantize-<fmt>`` for int8, int4, fp8 (``--formats``): a copy of the bf16 model quantized in place, its seconds

@@ -3,8 +3,7 @@ step against the bare step (bench/studies/gpu_step_session.sh runs it; quantized
 
 At a released model's shape (``--shape``, default LLaDA-8B) with random bf16 weights, B = 1, gen 256, blocks of 32,
 Fast-dLLM's threshold 0.9 with the dual cache (the setting of bench/studies/gpu_decode.py), three stages, each guarded
-(an
-error is recorded in its place and the next stage runs) and each skipped, with the reason, when the time budget
+(an error is recorded in its place and the next stage runs) and each skipped, with the reason, when the time budget
 (``--budget`` seconds) has less left than it needs:
 
 1. ``profile``: torch.profiler around one refresh step and one cached step of the engine run uncompiled (every kernel

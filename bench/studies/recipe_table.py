@@ -1,6 +1,5 @@
-"""The recipe table of a `bench/studies/testbed_recipe.sh` study: each controller variant's held-out AUROC / F0.5
-(fixed crop,
-the deployment's view) and its steps at the reference accuracy on the validation frontier, beside the baselines'.
+"""The recipe table of a `bench/studies/testbed_recipe.sh` study: each controller variant's held-out AUROC / F0.5 (fixed
+crop, the deployment's view) and its steps at the reference accuracy on the validation frontier, beside the baselines'.
 
     python bench/studies/recipe_table.py runs/recipe-llada
 """

@@ -1,15 +1,11 @@
 """bench/studies/records_agreement.py on the committed verdict records: a file against itself agrees everywhere; a
-changed
-item and another folder for the controller are found."""
+changed item and another folder for the controller are found."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from records_agreement import agreement, main  # noqa: E402
+from records_agreement import agreement, main  # bench/studies/ is on sys.path (its conftest.py)
 
 RECORDS = Path(__file__).parents[1] / "results" / "verdict-testbed-llada" / "records.json"
 

@@ -1,7 +1,6 @@
 """bench/studies/verdict_envelope.py (the shipped rule against the heuristics' envelope, pooled and Holm-adjusted) on
 constructed records and on the committed verdict; bench/studies/holdout.py's draw (disjoint from every earlier one) and
-the
-frozen protocol's points (each a policy that builds)."""
+the frozen protocol's points (each a policy that builds)."""
 
 import json
 

@@ -4,8 +4,7 @@ committed per-item records.
 A folder (``bench/results/verdict-testbed-llada``) holds one record file per cell and batch of runs,
 ``<what>-<task>-<G>-<W>.json`` (``{"ids": [...], "points": {"<run>/<policy slug>": {"correct": "0101...",
 "steps": [...]}}}``, as `bench/studies/matched_runs.py --records` writes them) and, for the verdict's first frontier,
-its
-``records.json``. Every point of a cell is read on the cell's items (files of one cell must hold the same ids; a
+its ``records.json``. Every point of a cell is read on the cell's items (files of one cell must hold the same ids; a
 point in two files must be the same).
 
 Curves are the points' policy slugs with the knob taken out (``tau``, ``per-step``, ``f``, ``delta``, ``theta``);

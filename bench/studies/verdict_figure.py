@@ -1,8 +1,7 @@
 """The picture of a verdict folder's judged cells (those with a learned curve), from its frontier.json and
 records.json, with the shipped commit rule's points of each cell beside them where the folder holds them
 (variant-<task>-<setting>.json, `bench/studies/matched_runs.py --records`), and the threshold with the same end-of-text
-hold
-where it holds that control (control-<task>-<setting>.json):
+hold where it holds that control (control-<task>-<setting>.json):
 
     python bench/studies/verdict_figure.py bench/results/verdict-testbed-llada docs/verdict.png
 """
