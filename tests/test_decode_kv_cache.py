@@ -10,6 +10,8 @@ import torch
 import tracelock
 from tracelock.decode.canvas import prepare_canvas
 from tracelock.decode.kv_cache import DecodeKVCache
+from tracelock.decode.schedule import Schedule
+from tracelock.decode.settings import DecodeSettings
 from tracelock.decode.step import forward_rows
 from tracelock.models import write_tiny_checkpoint
 from tracelock.policies.tracelock import TraceLockPolicy
@@ -151,8 +153,10 @@ def test_cached_positions_keep_the_refresh_taps(peaked):
     lo = torch.full((B,), canvas.prompt_len)
     hi, T = lo + 6, canvas.prompt_len + 10
     positions = lo[:, None] + torch.arange(6)
-    kv = DecodeKVCache("dual", "window", None, 4, B=B, L=L, shift=peaked.spec.logit_shift, needs_taps=True,
-                       device=peaked.device)
+    settings = DecodeSettings(policy="confidence", gen_length=G, window=6, cache="dual", refresh_shift=4)
+    schedule = Schedule(G, None, 6, False, skip_finished_blocks=None)
+    kv = DecodeKVCache(settings, schedule, rows=B, length=L, spec=peaked.spec, dtype=peaked.dtype,
+                       tap_layout=(3, peaked.spec.hidden_size, peaked.dtype), device=peaked.device)
 
     forward = partial(forward_rows, peaked, canvas, cfg_scale=0.0)
     _, first = kv.step(forward, rows, positions, lo, hi, T)
@@ -162,7 +166,8 @@ def test_cached_positions_keep_the_refresh_taps(peaked):
     start, end = int(lo[0]), int(hi[0]) + 3  # the pointer, the region's end now
     query = torch.arange(start - peaked.spec.logit_shift, end).expand(B, -1)
     fresh = torch.arange(start, end).expand(B, -1)
-    own = forward_rows(peaked, canvas, rows, positions, fresh, 0.0, kv_cache=kv.kv, query_positions=query)[1]
+    own = forward_rows(peaked, canvas, rows, positions, fresh, 0.0, kv_cache=kv.rows_cache(rows),
+                       query_positions=query)[1]
     for old, new, step_own in zip(first, second, own):
         assert new.shape == (B, T, old.shape[-1]) and end < T
         torch.testing.assert_close(new[:, :start], old[:, :start], rtol=0, atol=0)

@@ -7,6 +7,7 @@ __version__ = "0.1.0"
 # the public names load on first use (PEP 562), so `import tracelock` and the CLI's `--help` do not pay for torch
 # (about 1.3 s); each module imports torch before anything that may load the compiled extension tracelock._C
 _EXPORTS = {
+    "DecodeSettings": "tracelock.decode.settings",
     "ModelSpec": "tracelock.models",
     "fused_generate": "tracelock.generate",
     "generate_many": "tracelock.throughput",
@@ -16,8 +17,8 @@ _EXPORTS = {
     "write_tiny_checkpoint": "tracelock.models",
 }
 
-__all__ = ["ModelSpec", "__version__", "fused_generate", "generate_many", "load_model", "load_tokenizer",
-           "reference_generate", "write_tiny_checkpoint"]
+__all__ = ["DecodeSettings", "ModelSpec", "__version__", "fused_generate", "generate_many", "load_model",
+           "load_tokenizer", "reference_generate", "write_tiny_checkpoint"]
 
 
 def __getattr__(name):

@@ -1,18 +1,22 @@
 """What the public decoding entry points (`fused_generate`, `reference_generate`, and `generate_many` through them)
-check before they decode, with the command line's care: a named policy and its arguments (the CLI's spec spelling
-pointed at ``policy_args``, "did you mean" for a name or an argument, every value error prefixed with its policy),
-and the thread rule the CLI applies (`tracelock.cli_common.threads_for_load`), said once on stderr."""
+do before they decode (`entry_settings`): their `DecodeSettings`, built and checked once, and the checks it cannot
+make, with the command line's care: a named policy and its arguments (the CLI's spec spelling pointed at
+``policy_args``, "did you mean" for a name or an argument, every value error prefixed with its policy), and the
+thread rule the CLI applies (`tracelock.cli_common.threads_for_load`), said once on stderr."""
 
 import inspect
 import os
 import sys
+from dataclasses import replace
 
 import torch
 
+from tracelock.checks import check_decode_inputs
 from tracelock.cli_common import did_you_mean, physical_cores, safe_echo, threads_for_load
-from tracelock.policies import POLICIES, make_policy
+from tracelock.decode.settings import settings_from
+from tracelock.policies import POLICIES, make_policy, policy_args_for
 
-__all__ = ["check_call", "check_named_policy", "apply_thread_rule"]
+__all__ = ["entry_settings", "check_named_policy", "apply_thread_rule"]
 
 # arguments whose check reads files or needs the model: a policy that takes one is checked when it is built
 _LOADED = ("model", "controller", "filters", "encoder")
@@ -91,8 +95,14 @@ def apply_thread_rule() -> str | None:
     return notice
 
 
-def check_call(policy, policy_args) -> None:
-    """Everything the entry points check before decoding that `tracelock.checks.check_decode_inputs` cannot (it sits
-    below the policies): the named policy, then the thread rule."""
-    check_named_policy(policy, policy_args)
+def entry_settings(model, input_ids, settings, fields: dict, caller: str):
+    """What the entry points do before decoding: the run's `DecodeSettings` (``settings`` and the keyword
+    ``fields``, checked once as it is built), the prompts' checks (`tracelock.checks.check_decode_inputs`), the named
+    policy's (which `DecodeSettings` cannot make: it sits below the policies), the thread rule, and a learned
+    policy's arguments completed for ``model`` (`tracelock.policies.policy_args_for`)."""
+    settings = settings_from(settings, fields, caller)
+    check_decode_inputs(model, input_ids)
+    check_named_policy(settings.policy, settings.policy_args)
     apply_thread_rule()
+    args = policy_args_for(model, settings.policy, settings.policy_args, settings.gen_length)
+    return settings if args is settings.policy_args else replace(settings, policy_args=args)

@@ -65,12 +65,9 @@ def _check_id_range(ids: torch.Tensor, vocab_size: int, name: str, rows=None) ->
                          "encode prompts with the same checkpoint's tokenizer (tracelock.load_tokenizer(path))")
 
 
-def check_decode_inputs(model, input_ids, policy_args) -> None:
-    """What `fused_generate` / `reference_generate` check before decoding (the loop checks the rest: shapes,
-    padding, the mask token, lengths and the schedule)."""
-    if policy_args is not None and not isinstance(policy_args, Mapping):
-        raise TypeError(f"policy_args must be a dict of the policy's keyword arguments, e.g. {{'tau': 0.9}}, got "
-                        f"{type(policy_args).__name__} {policy_args!r}")
+def check_decode_inputs(model, input_ids) -> None:
+    """What `fused_generate` / `reference_generate` check of the prompts before decoding (`DecodeSettings` checks
+    the settings; the loop the rest: shapes, padding, the mask token and lengths)."""
     spec = getattr(model, "spec", None)
     if isinstance(input_ids, Mapping) or hasattr(input_ids, "input_ids") and hasattr(input_ids, "keys"):
         raise TypeError(f"input_ids is a {type(input_ids).__name__}, a tokenizer's whole output; pass its token ids: "

@@ -14,11 +14,10 @@ shapes, one host read per step, the step compiled with ``torch.compile`` (`trace
 """
 
 from tracelock import ops
-from tracelock.api import check_call
-from tracelock.checks import check_decode_inputs
+from tracelock.api import entry_settings
 from tracelock.decode.compiled import compile_requested, eager_reason, generate_compiled, warn_eager
 from tracelock.decode.loop import run_decode
-from tracelock.policies import policy_args_for
+from tracelock.decode.settings import DecodeSettings
 
 
 def _device_of(model):
@@ -26,31 +25,19 @@ def _device_of(model):
     return param.device if param is not None else "cpu"
 
 
-def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
-                   attention_mask=None, temperature=0.0, cfg_scale=0.0, stop_at_eot=False, idle_steps=False,
-                   seed=0, cache=None, refresh_every=None, refresh_shift=None, impl=None, observer=None, compile=None):
+def fused_generate(model, input_ids, settings: DecodeSettings | None = None, *, attention_mask=None, impl=None,
+                   observer=None, compile=None, **fields):
     """Decode ``gen_length`` tokens after each prompt with a commitment policy.
 
     Args:
         model (DiffusionBackbone): from `tracelock.load_model`.
         input_ids: [B, P] int64 left-padded prompts (with ``attention_mask``), or a list of token-id lists.
-        policy (str | Policy): a policy name (``tracelock.policies.POLICIES``) or a policy object.
-        gen_length (int): positions to generate.
-        block (int, optional): semi-AR block length (must divide gen_length). Default: None.
-        window (int, optional): soft-crop window width. Default: None (with no block: the full region).
-        policy_args (dict, optional): keyword arguments of a named policy, e.g. ``{"tau": 0.9}``.
+        settings (DecodeSettings, optional): what to decode: the policy, ``gen_length``, the schedule (``block`` /
+            ``window``), sampling, the KV cache. Its fields may instead be passed as keywords (``policy=``,
+            ``gen_length=``, ``block=``, ``window=``, ``policy_args=``, ``temperature=``, ``cfg_scale=``,
+            ``stop_at_eot=``, ``idle_steps=``, ``seed=``, ``cache=``, ``refresh_every=``, ``refresh_shift=``: see
+            `tracelock.DecodeSettings`), which also override those of a given ``settings``.
         attention_mask: [B, P] 1 for prompt tokens, 0 for left padding. Default: None.
-        temperature (float): 0 = greedy; > 0 samples by Gumbel-max. Default: 0.0.
-        cfg_scale (float): LLaDA's classifier-free guidance scale. Default: 0.0.
-        stop_at_eot (bool): a committed end token finishes its row. Default: False (paper presets).
-        idle_steps (bool): reproduce the reference release's block-advance artifact. Default: False.
-        seed (int): seed of sampling and random policies. Default: 0.
-        cache (str, optional): approximate KV cache (`tracelock.decode.kv_cache`): "prefix" recomputes the
-            positions from the last refresh's pointer to the end, "dual" only up to the commit region's end.
-            A refresh is a full forward that is also a step. Default: None (every step is a full forward).
-        refresh_every (int, optional): with ``cache``, also refresh a row after this many steps. Default: None.
-        refresh_shift (int, optional): with ``cache`` and ``window``, refresh a row when its window's left end has
-            moved this far since the last refresh. Default: window // 2. Blocks refresh at every block start.
         impl (str, optional): op implementations: "torch" (the specs), "cpp" (C++ commits, torch scoring),
             "triton" (Triton scoring, torch commits) or "cuda" (CUDA commits, Triton scoring). Default:
             ``TRACELOCK_IMPL``, else each op's fastest available.
@@ -74,25 +61,17 @@ def fused_generate(model, input_ids, *, policy, gen_length, block=None, window=N
         tokens, stats = tracelock.fused_generate(model, ids, policy="threshold", gen_length=64, block=16)
         print(stats.steps)
     """
-    check_decode_inputs(model, input_ids, policy_args)
-    check_call(policy, policy_args)
-    policy_args = policy_args_for(model, policy, policy_args, gen_length)
+    settings = entry_settings(model, input_ids, settings, fields, "fused_generate")
     mode = compile_requested(compile)
     if mode:
-        reason = eager_reason(policy, policy_args, temperature, cfg_scale, observer)
+        reason = eager_reason(settings, observer)
         if reason is None:
-            return generate_compiled(model, input_ids, attention_mask=attention_mask, policy=policy, mode=mode,
-                                     policy_args=policy_args, gen_length=gen_length, block=block, window=window,
-                                     stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed, cache=cache,
-                                     refresh_every=refresh_every, refresh_shift=refresh_shift)
+            return generate_compiled(model, input_ids, settings, attention_mask=attention_mask, mode=mode)
         warn_eager(reason)
     device = _device_of(model)
     ops.check_impl(impl, device)
     bound = ops.op_set(impl, device)
-    return run_decode(model, input_ids, policy=policy, gen_length=gen_length, block=block, window=window,
-                      policy_args=policy_args, attention_mask=attention_mask, temperature=temperature,
-                      cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps, seed=seed, observer=observer,
-                      cache=cache, refresh_every=refresh_every, refresh_shift=refresh_shift,
+    return run_decode(model, input_ids, settings, attention_mask=attention_mask, observer=observer,
                       apply_commits=bound.apply_commits, skip_finished_blocks=bound.skip_finished_blocks,
                       window_logits_stats=bound.window_logits_stats, tap_project=bound.tap_project,
                       commit_step=bound.commit_step, kernels=ops.backbone_kernels(device, impl=impl))

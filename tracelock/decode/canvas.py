@@ -57,16 +57,26 @@ def _as_batch(input_ids, attention_mask, pad_id: int):
     return input_ids, mask
 
 
-def prepare_canvas(spec: ModelSpec, input_ids, attention_mask, gen_length: int, device) -> Canvas:
-    """Validate the prompts and lay out the canvas on ``device``."""
-    ids, mask = _as_batch(input_ids, attention_mask, spec.pad_id)
+def check_prompt_ids(spec: ModelSpec, ids: torch.Tensor, mask: torch.Tensor) -> None:
+    """The prompts' tokens (``ids`` [B, P] where ``mask``) as both drivers need them: no row empty, every token in the
+    vocabulary, none the mask token."""
     empty = (~mask.any(dim=1)).nonzero().flatten().tolist()
     if ids.shape[1] == 0 or empty:
         raise ValueError(f"prompt rows {empty or 'all'} are empty; every prompt needs at least one token "
                          "(with a chat model, apply the chat template first)")
+    outside = ((ids < 0) | (ids >= spec.vocab_size)) & mask
+    if bool(outside.any()):
+        raise ValueError(f"the prompt's token {int(ids[outside][0])} is outside this model's vocabulary [0, "
+                         f"{spec.vocab_size}); encode prompts with the checkpoint's own tokenizer")
     if bool(((ids == spec.mask_id) & mask).any()):
         raise ValueError(f"a prompt contains the mask token (id {spec.mask_id}); remove it: the decoder would treat "
                          "it as prompt text, not as a position to fill")
+
+
+def prepare_canvas(spec: ModelSpec, input_ids, attention_mask, gen_length: int, device) -> Canvas:
+    """Validate the prompts and lay out the canvas on ``device``."""
+    ids, mask = _as_batch(input_ids, attention_mask, spec.pad_id)
+    check_prompt_ids(spec, ids, mask)
     B, P = ids.shape
     L = P + gen_length
     if L > spec.max_positions:

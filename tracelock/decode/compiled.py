@@ -17,7 +17,8 @@ import torch
 
 from tracelock.decode.canvas import prepare_canvas
 from tracelock.decode.engine import DecodeEngine, prompt_bucket
-from tracelock.decode.step import DecodeStats, Stopwatch, gen_lengths
+from tracelock.decode.settings import DecodeSettings
+from tracelock.decode.step import Stopwatch, run_stats
 from tracelock.policies import POLICIES
 
 ENV = "TRACELOCK_COMPILE"
@@ -43,19 +44,20 @@ def compile_requested(compile) -> bool | str:
                      "step) or 0 (the eager loop)")
 
 
-def eager_reason(policy, policy_args, temperature, cfg_scale, observer) -> str | None:
+def eager_reason(settings: DecodeSettings, observer) -> str | None:
     """Why these settings cannot run compiled (None: they can)."""
-    if cfg_scale:
+    policy = settings.policy
+    if settings.cfg_scale:
         return "classifier-free guidance (cfg_scale > 0) runs two forwards per step on the eager loop only"
     if observer is not None:
         return "an observer reads every step on the host"
     if getattr(policy, "name", None) == "oracle":
         return "the oracle policy indexes its reference canvas by the eager loop's batch rows"
-    if temperature > 0:
+    if settings.temperature > 0:
         return "sampling (temperature > 0) draws from a torch.Generator, which a compiled graph cannot take"
     if isinstance(policy, str):
         # an unknown name runs on: the engine's make_policy says what the known ones are
-        deterministic = policy not in POLICIES or POLICIES[policy].deterministic_with(**(policy_args or {}))
+        deterministic = policy not in POLICIES or POLICIES[policy].deterministic_with(**(settings.policy_args or {}))
     else:
         deterministic = policy.deterministic
     if not deterministic:
@@ -63,36 +65,36 @@ def eager_reason(policy, policy_args, temperature, cfg_scale, observer) -> str |
     return None
 
 
-def _key(policy, policy_args, settings: dict, slots: int, bucket: int) -> tuple:
+def _key(settings: DecodeSettings, slots: int, bucket: int) -> tuple:
     # a policy object is its own key (the engine holds it); a name with its arguments by value (a module, such as the
     # backbone a learned policy is checked against, by identity)
     args = sorted((k, ("object", id(v)) if isinstance(v, torch.nn.Module) else v)
-                  for k, v in (policy_args or {}).items())
+                  for k, v in (settings.policy_args or {}).items())
+    policy = settings.policy
     who = ("object", id(policy)) if not isinstance(policy, str) else (policy, repr(args))
-    return who, tuple(sorted(settings.items())), slots, bucket
+    return who, settings.key(), slots, bucket
 
 
-def _engine_for(model, policy, policy_args, settings: dict, slots: int, bucket: int, mode) -> DecodeEngine:
+def _engine_for(model, settings: DecodeSettings, slots: int, bucket: int, mode) -> DecodeEngine:
     engines = _ENGINES.setdefault(model, OrderedDict())
-    key = _key(policy, policy_args, settings, slots, bucket) + (mode,)
+    key = _key(settings, slots, bucket) + (mode,)
     if key in engines:
         engines.move_to_end(key)
         return engines[key]
-    engine = DecodeEngine(model, policy=policy, policy_args=policy_args, slots=slots, prompt_len=bucket, compile=mode,
-                          **settings)
+    engine = DecodeEngine(model, settings, slots=slots, prompt_len=bucket, compile=mode)
     engines[key] = engine
     if len(engines) > _KEEP:
         engines.popitem(last=False)
     return engine
 
 
-def generate_compiled(model, input_ids, *, attention_mask, policy, policy_args, gen_length, mode=True, **settings):
+def generate_compiled(model, input_ids, settings: DecodeSettings, *, attention_mask, mode=True):
     """`fused_generate`'s result, decoded on a compiled engine (see the module docstring)."""
+    gen_length = settings.gen_length
     canvas = prepare_canvas(model.spec, input_ids, attention_mask, gen_length, model.device)
     B, P = canvas.x.shape[0], canvas.prompt_len
     bucket = prompt_bucket(P, gen_length, model.spec.max_positions)
-    engine = _engine_for(model, policy, policy_args, dict(settings, gen_length=gen_length), slots=B, bucket=bucket,
-                         mode=mode)
+    engine = _engine_for(model, settings, slots=B, bucket=bucket, mode=mode)
     engine.reset()
     mask = canvas.attention_mask
     for r in range(B):
@@ -105,11 +107,9 @@ def generate_compiled(model, input_ids, *, attention_mask, policy, policy_args, 
     canvas.x = engine.x[:, bucket - P:].clone()
     steps = engine.steps.tolist()
     log = engine.commit_log.tolist()
-    stats = DecodeStats(steps=steps, forwards=engine.forwards - forwards,
-                        commits_per_step=[row[:n] for row, n in zip(log, steps)], seconds=seconds,
-                        gen_lengths=gen_lengths(canvas.x[:, P:], model.spec.end_ids),
-                        refreshes=[0] * B if engine.cache is None else engine.refreshes.tolist(),
-                        settings=dict(engine.settings))
+    stats = run_stats(canvas.x[:, P:], model.spec.end_ids, steps=steps, forwards=engine.forwards - forwards,
+                      commits_per_step=[row[:n] for row, n in zip(log, steps)], seconds=seconds,
+                      refreshes=None if engine.kv is None else engine.kv.refreshes, settings=engine.record)
     return canvas.x, stats
 
 

@@ -34,11 +34,11 @@ import torch
 
 from tracelock import ops, states
 from tracelock.decode import step as verbs
-from tracelock.decode.canvas import Canvas
-from tracelock.decode.kv_cache import needs_refresh, trigger_shift
+from tracelock.decode.canvas import Canvas, check_prompt_ids
+from tracelock.decode.kv_cache import DecodeKVCache
 from tracelock.decode.schedule import RowCounters
+from tracelock.decode.settings import DecodeSettings, settings_from
 from tracelock.kernels.ref import commit_margin_threshold
-from tracelock.models.backbone import KVCache
 from tracelock.signals import Signals
 
 # the packed flags of a step: live rows, rows that refresh, rows that take a cached step (16 bits each)
@@ -106,6 +106,8 @@ class DecodeEngine:
 
     Args:
         model (DiffusionBackbone): from `tracelock.load_model`.
+        settings (DecodeSettings): the decoding settings, fixed for every slot of the engine, or its fields as
+            keywords (``cfg_scale`` is not supported; an ``observer`` neither: use `fused_generate`).
         slots (int): batch rows. Default: 1.
         prompt_len (int): the prompt bucket: every prompt is left-padded to this length; longer ones are refused.
             Use `prompt_bucket` to pick it. Default: 64.
@@ -119,8 +121,6 @@ class DecodeEngine:
             their specs on a CPU), with cuBLAS's matrix products; "specs", the plain-PyTorch specs (a compiled step
             lets inductor fuse them itself); "kernels+matmul", the Triton kernels and the Triton weight-streaming
             products (`ops.linear_rows`). Default: "kernels".
-        Everything else is `fused_generate`'s, fixed for every slot of the engine (``cfg_scale`` is not supported;
-        ``observer`` neither: use `fused_generate`).
 
     Examples::
 
@@ -132,10 +132,13 @@ class DecodeEngine:
         engine.release(slot)
     """
 
-    def __init__(self, model, *, policy, gen_length, slots=1, prompt_len=64, block=None, window=None,
-                 policy_args=None, stop_at_eot=False, idle_steps=False, cache=None, refresh_every=None,
-                 refresh_shift=None, temperature=0.0, seed=0, compile=False, backend=None, backbone="kernels"):
-        verbs.check_options(model, temperature, 0.0)
+    def __init__(self, model, settings: DecodeSettings | None = None, *, slots=1, prompt_len=64, compile=False,
+                 backend=None, backbone="kernels", **fields):
+        verbs.check_model(model)
+        settings = settings_from(settings, fields, "DecodeEngine")
+        if settings.cfg_scale:
+            raise ValueError("an engine does not run classifier-free guidance (cfg_scale > 0); use fused_generate, "
+                             "which runs it on the eager loop")
         if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots < 1 << _BITS:
             raise ValueError(f"slots={slots!r} must be an int in [1, {(1 << _BITS) - 1}] (the batch rows)")
         # the per-step ops as a graph can hold them: each op's default implementation where it is traceable
@@ -143,10 +146,8 @@ class DecodeEngine:
         # bookkeeping under inductor
         self.ops = ops.op_set(None, model.device, graph=True, inductor=compile is True)
         self.kernels = ops.backbone_kernels(model.device, backbone, graph=True)
-        schedule, self.policy, refresh_shift = verbs.setup_run(
-            policy, policy_args, gen_length=gen_length, block=block, window=window, idle_steps=idle_steps,
-            cache=cache, refresh_every=refresh_every, refresh_shift=refresh_shift, cfg_scale=0.0,
-            skip_finished_blocks=self.ops.skip_finished_blocks)
+        schedule, self.policy = verbs.setup_run(settings, self.ops.skip_finished_blocks)
+        gen_length = settings.gen_length
         spec = model.spec
         if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
             raise ValueError(f"prompt_len={prompt_len!r} must be a positive int (the prompt bucket)")
@@ -163,18 +164,12 @@ class DecodeEngine:
         self.width = schedule.width  # the commit region's slots
         self.steps_per_region = self.policy.steps_per_region()
         schedule.bind(prompt_len, self.steps_per_region)
-        self.cache, self.refresh_every, self.refresh_shift = cache, refresh_every, refresh_shift
-        self.stop_at_eot, self.temperature, self.seed = stop_at_eot, temperature, seed
-        self.settings = verbs.decode_settings(self.policy, schedule, block=block, window=window,
-                                              temperature=temperature, cfg_scale=0.0, stop_at_eot=stop_at_eot,
-                                              idle_steps=idle_steps, seed=seed, cache=cache,
-                                              refresh_every=refresh_every, refresh_shift=refresh_shift)
-        self.stochastic = temperature > 0 or not self.policy.deterministic
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.settings, self.cache = settings, settings.cache
+        self.record = settings.record(self.policy)  # what `DecodeStats.settings` reports
+        self.stochastic = settings.temperature > 0 or not self.policy.deterministic
+        self.generator = torch.Generator(device=self.device).manual_seed(settings.seed)
         self.budget = verbs.step_budget(schedule, self.steps_per_region)
-        self.lookahead = verbs.lookahead_width(self.policy, schedule, cache)
-        self.logit_shift = spec.logit_shift
-        self.cached_width = self._cached_width(schedule)  # query rows of a cached step
+        self.lookahead = verbs.lookahead_width(self.policy, schedule, self.cache)
         self._setup_ops()
         self._allocate()
         self.forwards = 0  # batched forward calls so far (a step that refreshes some rows and not others runs two)
@@ -188,26 +183,11 @@ class DecodeEngine:
 
     # ---- setup --------------------------------------------------------------------------------------------------
 
-    def _cached_width(self, schedule) -> int:
-        """Query rows of a cached step, the widest span [pointer - shift, end) any cached row can have."""
-        if self.cache is None:
-            return 0
-        if self.cache == "prefix":
-            width = self.gen_length  # the pointer is at least the prompt's end: [pointer, end of canvas)
-        elif schedule.kind == "block":
-            width = schedule.block  # a cached row's block starts at its pointer
-        elif schedule.kind == "window":
-            # a cached row's window start moved less than refresh_shift past the pointer
-            width = min(self.gen_length, self.refresh_shift - 1 + schedule.window)
-        else:
-            width = self.gen_length
-        return width + self.logit_shift
-
     def _setup_ops(self):
         """The ops the forwards run in place of their outputs (`verbs.forward_ops`), from the engine's op set."""
         self.window_logits_stats, self.tap_project = verbs.forward_ops(
             self.policy, self.model, window_logits_stats=self.ops.window_logits_stats,
-            tap_project=self.ops.tap_project, temperature=self.temperature, cfg_scale=0.0)
+            tap_project=self.ops.tap_project, temperature=self.settings.temperature, cfg_scale=0.0)
 
     def _allocate(self):
         N, L, dev, spec = self.num_slots, self.length, self.device, self.spec
@@ -224,19 +204,13 @@ class DecodeEngine:
         width = self.width + self.lookahead
         self.signal_buffers = (torch.zeros((N + 1, width), **long),) + tuple(
             torch.zeros((N + 1, width), device=dev) for _ in range(4))
-        self.taps = None
-        if self.policy.needs_taps:
-            X = spec.hidden_size if self.tap_project is None else self.tap_project.args[-1].shape[0]
-            count = 3 if self.tap_project is None else 1
-            dtype = self.model.dtype if self.tap_project is None else torch.float32
-            self.taps = tuple(torch.zeros((N + 1, L, X), dtype=dtype, device=dev) for _ in range(count))
-        if self.cache is not None:
-            self.pointer, self.since, self.refreshes = (torch.zeros(N, **long) for _ in range(3))
-            # one spare position (L) past the canvas: a cached forward's padding rows write their keys/values there
-            shape = (N + 1, spec.num_kv_heads, L + 1, spec.head_dim)
-            self.kv = KVCache([torch.zeros(shape, dtype=self.model.dtype, device=dev) for _ in range(spec.num_layers)],
-                              [torch.zeros(shape, dtype=self.model.dtype, device=dev) for _ in range(spec.num_layers)])
-            self.stored_taps = None if self.taps is None else tuple(torch.zeros_like(t) for t in self.taps)
+        layout = verbs.tap_layout(self.policy, self.model, self.tap_project)
+        self.taps = None if layout is None else tuple(
+            torch.zeros((N + 1, L, layout[1]), dtype=layout[2], device=dev) for _ in range(layout[0]))
+        # the KV cache's state, as the eager loop keeps it (its sink row N and spare position L take padding rows')
+        self.kv = None if self.cache is None else DecodeKVCache(
+            self.settings, self.schedule, rows=N, length=L, spec=spec,
+            dtype=self.model.dtype, tap_layout=layout, device=dev)
 
     def _compile(self, compile, backend):
         if compile not in (False, True, "cudagraphs"):
@@ -277,10 +251,7 @@ class DecodeEngine:
     def _state_tensors(self):
         out = [self.x, self.state, self.attention_mask, self.first_active, self.block_idx, self.region_step,
                self.region_initial, self.steps, self.commit_log, *self.signal_buffers, *(self.taps or ())]
-        if self.cache is not None:
-            out += [self.pointer, self.since, self.refreshes, *self.kv.keys, *self.kv.values,
-                    *(self.stored_taps or ())]
-        return out
+        return out + ([] if self.kv is None else self.kv.state_tensors())
 
     def _forward_fn(self, kind: str, k: int):
         key = kind, k
@@ -300,19 +271,10 @@ class DecodeEngine:
         """Put a prompt (token ids) into a free slot; it decodes from the next `step`. Returns the slot."""
         ids = torch.as_tensor(prompt, dtype=torch.long).flatten()
         n = ids.numel()
-        if n == 0:
-            raise ValueError("the prompt is empty; every prompt needs at least one token (with a chat model, apply "
-                             "the chat template first)")
+        check_prompt_ids(self.spec, ids[None], torch.ones((1, n), dtype=torch.bool))
         if n > self.prompt_len:
             raise ValueError(f"the prompt has {n} tokens but this engine's prompt bucket is {self.prompt_len}; build "
                              f"an engine with prompt_len=prompt_bucket({n}, ...) for it")
-        outside = (ids < 0) | (ids >= self.spec.vocab_size)
-        if bool(outside.any()):
-            raise ValueError(f"the prompt's token {int(ids[outside][0])} is outside this model's vocabulary [0, "
-                             f"{self.spec.vocab_size}); encode prompts with the checkpoint's own tokenizer")
-        if bool((ids == self.spec.mask_id).any()):
-            raise ValueError(f"the prompt contains the mask token (id {self.spec.mask_id}); remove it: the decoder "
-                             "would treat it as prompt text, not as a position to fill")
         if slot is not None:
             self._check_slot(slot)
         if slot is None:
@@ -336,8 +298,8 @@ class DecodeEngine:
         self.commit_log[slot] = 0
         # the schedule region's active count when it begins (LLaDA's M): the first block, or the whole generation
         self.region_initial[slot] = self.schedule.block if self.schedule.kind == "block" else self.gen_length
-        if self.cache is not None:
-            self.pointer[slot] = self.since[slot] = self.refreshes[slot] = 0
+        if self.kv is not None:
+            self.kv.pointer[slot] = self.kv.since[slot] = self.kv.refreshes[slot] = 0
         self._occupied[slot], self._prompts[slot] = True, ids
         self._admitted_at[slot], self._started[slot] = self._steps, time.perf_counter()
         return slot
@@ -360,7 +322,7 @@ class DecodeEngine:
                 self.release(slot)
         # a policy object may have been set up for other settings since (setup is cheap and idempotent)
         self.policy.setup(gen_length=self.gen_length, num_regions=self.schedule.num_regions)
-        self.generator.manual_seed(self.seed)
+        self.generator.manual_seed(self.settings.seed)
 
     def _check_slot(self, slot):
         if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.num_slots:
@@ -401,12 +363,11 @@ class DecodeEngine:
         n = prompt.numel()
         tokens = self.x[slot:slot + 1, self.prompt_len - n:].clone()
         steps = int(self.steps[slot])
-        stats = verbs.DecodeStats(steps=[steps], forwards=steps,
-                                  commits_per_step=[self.commit_log[slot, :steps].tolist()],
-                                  seconds=time.perf_counter() - self._started[slot],
-                                  gen_lengths=verbs.gen_lengths(tokens[:, n:], self.end_ids),
-                                  refreshes=[int(self.refreshes[slot])] if self.cache is not None else [0],
-                                  settings=dict(self.settings))
+        stats = verbs.run_stats(tokens[:, n:], self.end_ids, steps=[steps], forwards=steps,
+                                commits_per_step=[self.commit_log[slot, :steps].tolist()],
+                                seconds=time.perf_counter() - self._started[slot],
+                                refreshes=None if self.kv is None else self.kv.refreshes[slot:slot + 1],
+                                settings=self.record)
         return tokens, stats
 
     # ---- one step -------------------------------------------------------------------------------------------
@@ -451,10 +412,9 @@ class DecodeEngine:
     def _row_groups(self):
         """[num_slots] bool each: live rows, rows that refresh at this step, rows that take a cached step."""
         live = self.first_active < self.length
-        if self.cache is None:
+        if self.kv is None:
             return live, None, None
-        need = needs_refresh(self.since, self.pointer, self._region().lo,
-                             trigger_shift(self.schedule.kind, self.refresh_shift), self.refresh_every) & live
+        need = self.kv.need(slice(None), self._region().lo) & live
         return live, need, live & ~need
 
     def _prepare_body(self):
@@ -477,7 +437,7 @@ class DecodeEngine:
     def _store_outputs(self, target, head, taps):
         """Write the signals of a forward's ``head`` (and its taps) into the buffers at ``target`` rows."""
         signals = verbs.step_signals(head, spec=self.spec, from_stats=self.window_logits_stats is not None,
-                                     temperature=self.temperature, generator=self.generator)
+                                     temperature=self.settings.temperature, generator=self.generator)
         fields = (signals.proposal, signals.confidence, signals.margin, signals.neg_entropy, signals.eos_prob)
         for buf, value in zip(self.signal_buffers, fields):
             buf.index_copy_(0, target, value.to(buf.dtype))
@@ -507,41 +467,25 @@ class DecodeEngine:
         _, need, _ = self._row_groups()
         rows, _, target = self._rows(k, need)
         head, taps, kv = self._forward(rows, self._region(rows).query(), self._tap_positions(k), store_kv=True)
-        for mine, theirs in zip(self.kv.keys + self.kv.values, kv.keys + kv.values):
-            mine[:, :, :self.length].index_copy_(0, target, theirs)
-        if taps is not None:
-            for mine, theirs in zip(self.stored_taps, taps):
-                mine.index_copy_(0, target, theirs.to(mine.dtype))
+        self.kv.store(target, kv, taps)
         self._store_outputs(target, head, taps)
 
     def _forward_cached(self, k: int):
         _, need, cached = self._row_groups()
-        rows, _, target = self._rows(k, cached)
+        rows, valid, target = self._rows(k, cached)
         region = self._region(rows)
-        query, L = region.query(), self.length
-        start = self.pointer[rows]
-        end = torch.full_like(region.hi, L) if self.cache == "prefix" else region.hi
-        span = torch.arange(self.cached_width, device=self.device)
+        query = region.query()
         # padding rows (not cached this step) span from their first slot (a finished row's slots sit at L - 1, left
         # of its region's start L), so the positions they ask for are there too
-        start = torch.where(cached[rows], start, query[:, 0])
-        recompute = ((start - self.logit_shift)[:, None] + span).minimum(end[:, None] - 1).clamp(0, L - 1)
-        fresh = None
-        if self.policy.needs_taps:
-            fresh = start[:, None] + span[:self.cached_width - self.logit_shift]
-            fresh = fresh.minimum(end[:, None] - 1).clamp(0, L - 1)
-        if k == self.num_slots:  # every row in slot order: the cache itself (no copy), without the sink row
-            kv = KVCache([t[:k] for t in self.kv.keys], [t[:k] for t in self.kv.values])
-        else:
-            kv = self.kv.select(rows)
+        start = torch.where(valid, self.kv.pointer[rows], query[:, 0])
+        recompute, fresh = self.kv.recompute(rows, start, region.hi, width=self.kv.width)
         # the fresh keys/values go into the cache in place; padding rows write theirs to the spare position L
-        write = torch.where(cached[rows][:, None], recompute, L)
-        head, taps, _ = self._forward(rows, query, fresh, kv_cache=kv, query_positions=recompute, kv_positions=write,
+        write = torch.where(valid[:, None], recompute, self.length)
+        head, taps, _ = self._forward(rows, query, fresh, kv_cache=self.kv.rows_cache(rows),
+                                      query_positions=recompute, kv_positions=write,
                                       check_query=False)  # the positions lie in the query by construction
         if taps is not None:
-            index = fresh[..., None]
-            taps = tuple(stored[rows].scatter(1, index.expand(-1, -1, new.shape[-1]), new.to(stored.dtype))
-                         for stored, new in zip(self.stored_taps, taps))
+            taps = self.kv.with_stored_taps(rows, fresh, taps)
         self._store_outputs(target, head, taps)
 
     def _finish_body(self, generator):
@@ -558,14 +502,12 @@ class DecodeEngine:
                                taps=taps, folded=self.tap_project is not None, attention_mask=self.attention_mask)
         first_active, committed = verbs.close_step(
             self.policy, inp, region, self.x, self.state, self.attention_mask, end_ids=self.end_ids,
-            pad_id=self.spec.pad_id, stop_at_eot=self.stop_at_eot, apply_commits=self.ops.apply_commits,
+            pad_id=self.spec.pad_id, stop_at_eot=self.settings.stop_at_eot, apply_commits=self.ops.apply_commits,
             commit_step=self.ops.commit_step, generator=generator, live=live)
         self.first_active.copy_(first_active)
         # the row's commit count at its step index (a finished row writes into the spare last column)
         at = torch.where(live, self.steps, self.budget).clamp(max=self.budget)
         self.commit_log.scatter_(1, at[:, None], committed.to(torch.int32)[:, None])
         self.schedule.advance(self.state, counters, live)
-        if self.cache is not None:
-            self.pointer.copy_(torch.where(need, region.lo, self.pointer))
-            self.refreshes.add_(need.long())
-            self.since.copy_(torch.where(need, 0, self.since) + live.long())
+        if self.kv is not None:
+            self.kv.advance(slice(None), need, region.lo, live.long())

@@ -1,5 +1,5 @@
 """The approximate KV cache: which rows refresh at a step (`needs_refresh`, both drivers' rule) and what a cached
-step recomputes (`DecodeKVCache`, the eager loop's per-row cache; the engine keeps the same state in its buffers).
+step recomputes (`DecodeKVCache`: one implementation, static buffers, which the eager loop and the engine share).
 
 Two modes, Fast-dLLM v1's generalised to the sliding window (docs/kv-cache.md):
 - ``"prefix"``: positions left of the row's *refresh pointer* reuse the keys and values of its last refresh; every
@@ -78,19 +78,106 @@ def needs_refresh(since, pointer, lo, shift: int | None, refresh_every: int | No
 
 
 class DecodeKVCache:
-    """Per-row cache state of one decoding run (B rows, canvas length L)."""
+    """The KV state of a decoding run (`DecodeSettings`'s cache and refresh rule) over ``rows`` batch rows (slots)
+    and a canvas of ``length`` positions, in static buffers: the eager loop (`DecodeKVCache.step`, on its live rows)
+    and the engine (the same verbs inside its graphs, on every slot) both keep it here.
 
-    def __init__(self, mode: str, schedule_kind: str, refresh_every, refresh_shift, *, B: int, L: int, shift: int,
-                 needs_taps: bool, device):
-        self.mode, self.refresh_every, self.shift, self.needs_taps = mode, refresh_every, shift, needs_taps
-        self.canvas_len = L
-        self.refresh_shift = trigger_shift(schedule_kind, refresh_shift)
-        self.pointer = torch.zeros(B, dtype=torch.long, device=device)  # the commit region's left end at the refresh
-        self.since = torch.zeros(B, dtype=torch.long, device=device)  # steps since the last refresh (0 = never)
-        self.refreshes = torch.zeros(B, dtype=torch.long, device=device)
-        self.split_steps = 0  # steps that ran two forwards (some rows refreshed, some did not)
-        self.kv: KVCache | None = None  # every row's keys/values, [B, n_kv, L, hd] per layer
-        self.taps: tuple | None = None  # every row's taps (or folded tap inputs) at the refresh, [B, L, X] each
+    Buffers: every row's keys and values ``kv`` [rows + 1, n_kv, length + 1, hd] per layer and, for a policy that
+    reads taps, every row's taps at its refresh ``taps`` [rows + 1, length, X] each (``tap_layout`` = (count, X,
+    dtype)). The extra row (index ``rows``) and the extra position (``length``) are sinks: the engine's padding rows
+    write what they compute there. Per row: ``pointer`` (the commit region's left end at the refresh), ``since``
+    (steps since the refresh, 0 = never refreshed) and ``refreshes``.
+    """
+
+    def __init__(self, settings, schedule, *, rows: int, length: int, spec, dtype, tap_layout, device):
+        self.mode, self.refresh_every, self.shift = settings.cache, settings.refresh_every, spec.logit_shift
+        self.canvas_len, self.gen_length = length, schedule.gen_length
+        self.refresh_shift = trigger_shift(schedule.kind, settings.refresh_shift)
+        self.width = self._query_width(schedule.width)
+        long = dict(dtype=torch.long, device=device)
+        self.pointer, self.since, self.refreshes = (torch.zeros(rows, **long) for _ in range(3))
+        self.split_steps = 0  # eager steps that ran two forwards (some rows refreshed, some did not)
+        shape = (rows + 1, spec.num_kv_heads, length + 1, spec.head_dim)
+        self.kv = KVCache([torch.zeros(shape, dtype=dtype, device=device) for _ in range(spec.num_layers)],
+                          [torch.zeros(shape, dtype=dtype, device=device) for _ in range(spec.num_layers)])
+        self.taps = None
+        if tap_layout is not None:
+            count, width, tap_dtype = tap_layout
+            self.taps = tuple(torch.zeros((rows + 1, length, width), dtype=tap_dtype, device=device)
+                              for _ in range(count))
+
+    def _query_width(self, region_width: int) -> int:
+        """Query rows of a cached step: the widest span [pointer - shift, end) a cached row can have, which
+        `needs_refresh` bounds (a cached row's region starts less than ``refresh_shift`` past its pointer)."""
+        if self.mode == "prefix":
+            span = self.gen_length  # the pointer is at least the prompt's end; the span runs to the canvas's end
+        else:
+            moved = self.gen_length if self.refresh_shift is None else self.refresh_shift - 1
+            span = min(self.gen_length, moved + region_width)
+        return span + self.shift
+
+    def state_tensors(self) -> list:
+        """Every buffer (an engine marks them static for CUDA graphs)."""
+        return [self.pointer, self.since, self.refreshes, *self.kv.keys, *self.kv.values, *(self.taps or ())]
+
+    # ---- the verbs, on batch rows ``rows`` ([b] indices, or a slice) ---------------------------------------------
+
+    def need(self, rows, lo):
+        """[b] the rows that refresh at this step, whose commit regions start at ``lo`` [b] (`needs_refresh`)."""
+        return needs_refresh(self.since[rows], self.pointer[rows], lo, self.refresh_shift, self.refresh_every)
+
+    def store(self, target, kv: KVCache, taps) -> None:
+        """A refresh: every position's keys/values (and taps, when the policy reads them) of the forward's rows go
+        to rows ``target`` [b] (the sink row for padding)."""
+        for mine, theirs in zip(self.kv.keys + self.kv.values, kv.keys + kv.values):
+            mine[:, :, :self.canvas_len].index_copy_(0, target, theirs)
+        if taps is not None:
+            for mine, theirs in zip(self.taps, taps):
+                mine.index_copy_(0, target, theirs.to(mine.dtype))
+
+    def recompute(self, rows, start, end, T: int | None = None, width: int | None = None):
+        """(query [b, Q], fresh [b, F] or None): the output rows a cached step of ``rows`` recomputes and the canvas
+        positions whose taps it gives (None for a policy without taps), each row padded by repeating its last
+        position. ``start`` [b] is each row's pointer (a padding row may give another position), ``end`` [b] its
+        commit region's right end (a prefix cache recomputes to the canvas's end), ``T`` the right end of the taps
+        the policy reads (None: all), ``width`` the query's width (None: the widest row's span)."""
+        L = self.canvas_len
+        if self.mode == "prefix":
+            end = torch.full_like(end, L)
+        if width is None:
+            width = int((end - start).max()) + self.shift
+        span = torch.arange(width, device=start.device)
+        query = ((start - self.shift)[:, None] + span).minimum(end[:, None] - 1).clamp(0, L - 1)
+        fresh = None
+        if self.taps is not None:
+            # taps of [pointer, min(end, T)): their output rows (shifted) are all in the query
+            last = end if T is None else end.clamp(max=T)
+            fresh = (start[:, None] + span[:width - self.shift]).minimum(last[:, None] - 1).clamp(0, L - 1)
+        return query, fresh
+
+    def rows_cache(self, rows) -> KVCache:
+        """The cache of ``rows`` [b] for a cached forward: with every row (in order, as nonzero() and the engine's
+        full buffers give them) the buffers themselves, so the fresh keys/values are written in place (no copy)."""
+        if len(rows) == self.pointer.shape[0]:
+            return KVCache([t[:len(rows)] for t in self.kv.keys], [t[:len(rows)] for t in self.kv.values])
+        return self.kv.select(rows)
+
+    def with_stored_taps(self, rows, fresh, taps, T: int | None = None) -> tuple:
+        """The refresh's taps [b, T, X] of ``rows`` with the fresh ones written at ``fresh`` [b, F]."""
+        out = []
+        for stored, new in zip(self.taps, taps):
+            index = fresh[..., None].expand(-1, -1, new.shape[-1])
+            out.append(stored[rows, :T].scatter(1, index, new.to(stored.dtype)))
+        return tuple(out)
+
+    def advance(self, rows, need, lo, stepped) -> None:
+        """After a step of ``rows``: the rows in ``need`` [b] refreshed (their pointer is now ``lo`` [b]); the rows in
+        ``stepped`` ([b] bool, or True) took a step."""
+        self.pointer[rows] = torch.where(need, lo, self.pointer[rows])
+        self.refreshes[rows] += need.long()
+        self.since[rows] = torch.where(need, 0, self.since[rows]) + stepped
+
+    # ---- the eager loop's step -----------------------------------------------------------------------------------
 
     def step(self, forward, rows, positions, lo, hi, T: int | None):
         """Run one step's forwards for ``rows`` [b] (slots at canvas ``positions`` [b, R], commit regions [lo, hi)
@@ -99,70 +186,28 @@ class DecodeKVCache:
         ``forward(rows, positions, tap_positions, **cache_args)`` is `tracelock.decode.step.forward_rows` bound to the
         model and canvas: it returns (head, taps, kv_cache) of the rows it is given.
         """
-        need = needs_refresh(self.since[rows], self.pointer[rows], lo, self.refresh_shift, self.refresh_every)
+        need = self.need(rows, lo)
         parts = []
         refresh, cached = need.nonzero().flatten(), (~need).nonzero().flatten()
         if refresh.numel():
-            every = (torch.arange(self.canvas_len, device=rows.device).expand(len(refresh), -1) if self.needs_taps
-                     else None)
+            every = (torch.arange(self.canvas_len, device=rows.device).expand(len(refresh), -1)
+                     if self.taps is not None else None)
             head, taps, kv = forward(rows[refresh], positions[refresh], every, store_kv=True)
-            self._store(rows[refresh], lo[refresh], kv, taps)
+            self.store(rows[refresh], kv, taps)
             parts.append((refresh, head, None if taps is None else tuple(t[:, :T] for t in taps)))
         if cached.numel():
             g = rows[cached]
-            query, fresh = self._query(g, hi[cached], T)
-            head, taps, _ = forward(g, positions[cached], fresh, kv_cache=self._kv_of(g), query_positions=query)
+            query, fresh = self.recompute(g, self.pointer[g], hi[cached], T)
+            head, taps, _ = forward(g, positions[cached], fresh, kv_cache=self.rows_cache(g), query_positions=query)
             if taps is not None:
-                taps = self._with_stored_taps(g, fresh, taps, T)
+                taps = self.with_stored_taps(g, fresh, taps, T)
             parts.append((cached, head, taps))
-        self.since[rows] += 1
+        self.advance(rows, need, lo, 1)
         self.split_steps += len(parts) - 1
         if len(parts) == 1:
             return parts[0][1:]
         return (_merge([(sub, head) for sub, head, _ in parts], len(rows)),
                 _merge([(sub, taps) for sub, _, taps in parts], len(rows)))
-
-    def _store(self, rows, lo, kv: KVCache, taps) -> None:
-        if self.kv is None:
-            B = self.pointer.shape[0]
-            self.kv = KVCache([k.new_zeros((B,) + k.shape[1:]) for k in kv.keys],
-                              [v.new_zeros((B,) + v.shape[1:]) for v in kv.values])
-            if taps is not None:
-                self.taps = tuple(t.new_zeros((B,) + t.shape[1:]) for t in taps)
-        self.kv.write(rows, kv)
-        if taps is not None:
-            for mine, theirs in zip(self.taps, taps):
-                mine[rows] = theirs
-        self.pointer[rows], self.since[rows] = lo, 0
-        self.refreshes[rows] += 1
-
-    def _kv_of(self, rows) -> KVCache:
-        # rows come sorted from nonzero(): all of them means every row, in order (no copy)
-        return self.kv if len(rows) == self.pointer.shape[0] else self.kv.select(rows)
-
-    def _query(self, rows, hi, T: int | None):
-        """(query [b, Q] output rows to recompute, fresh [b, F] canvas positions whose taps they give, None for a
-        policy without taps), each row padded by repeating its last position."""
-        start = self.pointer[rows]
-        end = torch.full_like(hi, self.canvas_len) if self.mode == "prefix" else hi
-        query = _span(start - self.shift, end)
-        # taps of [pointer, min(end, T)): their output rows (shifted) are all in the query
-        fresh = _span(start, end.clamp(max=T)) if self.needs_taps else None
-        return query, fresh
-
-    def _with_stored_taps(self, rows, fresh, taps, T: int) -> tuple:
-        """The refresh's taps [b, T, X] of ``rows`` with the fresh ones written at ``fresh`` [b, F]."""
-        out = []
-        for stored, new in zip(self.taps, taps):
-            index = fresh[..., None].expand(-1, -1, new.shape[-1])
-            out.append(stored[rows, :T].scatter(1, index, new.to(stored.dtype)))
-        return tuple(out)
-
-
-def _span(start, end):
-    """[b, W] positions start..end-1 per row, W the widest span; shorter rows repeat their last position."""
-    width = int((end - start).max())
-    return (start[:, None] + torch.arange(width, device=start.device)).minimum(end[:, None] - 1)
 
 
 def _merge(parts, b: int):

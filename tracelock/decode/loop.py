@@ -19,6 +19,7 @@ import torch
 from tracelock.decode import step as verbs
 from tracelock.decode.canvas import prepare_canvas
 from tracelock.decode.kv_cache import DecodeKVCache
+from tracelock.decode.settings import DecodeSettings
 
 
 @dataclass
@@ -46,28 +47,23 @@ def _recorder(observer, rows, steps, x, state, inp):
 
 
 @torch.no_grad()
-def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None, policy_args=None,
-               attention_mask=None, temperature=0.0, cfg_scale=0.0, stop_at_eot=False, idle_steps=False, seed=0,
-               cache=None, refresh_every=None, refresh_shift=None, apply_commits, skip_finished_blocks,
+def run_decode(model, input_ids, settings: DecodeSettings, *, attention_mask=None, apply_commits, skip_finished_blocks,
                window_logits_stats=None, tap_project=None, commit_step=None, kernels=None, observer=None):
-    """The loop behind `fused_generate` and `reference_generate` (see there); ``observer``, when given, is
-    called with a `StepRecord` at every step (trace recording). ``apply_commits`` and ``skip_finished_blocks`` are
-    the per-step bookkeeping ops (`tracelock.ops` or their specs). ``window_logits_stats`` (fused only) scores
-    greedy steps without CFG inside the forward, from the LM head's input; other steps, and the reference, go
-    through the logits. ``tap_project`` (fused only, with ``window_logits_stats``) folds the taps inside those
-    forwards for a policy whose `Policy.tap_fold` is not None. ``commit_step`` (fused only) closes the steps of
-    policies with a ``commit_rule`` (not with an observer, which needs the chosen slots: `select` decides those
-    steps by the same rule's spec). ``kernels`` (fused only): the backbone's per-layer ops
-    (`tracelock.ops.backbone_kernels`); None runs their specs.
-    ``cache`` / ``refresh_every`` / ``refresh_shift``: the approximate KV cache (`tracelock.decode.kv_cache`)."""
-    verbs.check_options(model, temperature, cfg_scale)
-    schedule, policy, refresh_shift = verbs.setup_run(
-        policy, policy_args, gen_length=gen_length, block=block, window=window, idle_steps=idle_steps, cache=cache,
-        refresh_every=refresh_every, refresh_shift=refresh_shift, cfg_scale=cfg_scale,
-        skip_finished_blocks=skip_finished_blocks)
+    """The loop behind `fused_generate` and `reference_generate` (see there): decode ``input_ids`` with
+    ``settings``. ``observer``, when given, is called with a `StepRecord` at every step (trace recording).
+    ``apply_commits`` and ``skip_finished_blocks`` are the per-step bookkeeping ops (`tracelock.ops` or their specs).
+    ``window_logits_stats`` (fused only) scores greedy steps without CFG inside the forward, from the LM head's input;
+    other steps, and the reference, go through the logits. ``tap_project`` (fused only, with
+    ``window_logits_stats``) folds the taps inside those forwards for a policy whose `Policy.tap_fold` is not None.
+    ``commit_step`` (fused only) closes the steps of policies with a ``commit_rule`` (not with an observer, which
+    needs the chosen slots: `select` decides those steps by the same rule's spec). ``kernels`` (fused only): the
+    backbone's per-layer ops (`tracelock.ops.backbone_kernels`); None runs their specs."""
+    verbs.check_model(model)
+    schedule, policy = verbs.setup_run(settings, skip_finished_blocks)
+    temperature, cfg_scale, cache = settings.temperature, settings.cfg_scale, settings.cache
     spec, device = model.spec, model.device
-    canvas = prepare_canvas(spec, input_ids, attention_mask, gen_length, device)
-    generator = torch.Generator(device=device).manual_seed(seed)
+    canvas = prepare_canvas(spec, input_ids, attention_mask, settings.gen_length, device)
+    generator = torch.Generator(device=device).manual_seed(settings.seed)
     end_ids = torch.tensor(spec.end_ids, dtype=torch.long, device=device)
     B, L, S = canvas.x.shape[0], canvas.length, policy.steps_per_region()
     lookahead = verbs.lookahead_width(policy, schedule, cache)
@@ -81,8 +77,9 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
                                                          cfg_scale=cfg_scale)
     forward = partial(verbs.forward_rows, model, canvas, cfg_scale=cfg_scale, window_logits_stats=window_logits_stats,
                       tap_project=tap_project, kernels=kernels)
-    kv = None if cache is None else DecodeKVCache(cache, schedule.kind, refresh_every, refresh_shift, B=B, L=L,
-                                                   shift=spec.logit_shift, needs_taps=policy.needs_taps, device=device)
+    kv = None if cache is None else DecodeKVCache(
+        settings, schedule, rows=B, length=L, spec=spec, dtype=model.dtype,
+        tap_layout=verbs.tap_layout(policy, model, tap_project), device=device)
     commit_step = None if observer is not None else commit_step
     budget = verbs.step_budget(schedule, S)
     commits, forwards = [], 0
@@ -111,7 +108,7 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
                                taps=taps, folded=tap_project is not None, attention_mask=mask)
         observe = None if observer is None else _recorder(observer, rows, counters.steps[rows], x, state, inp)
         first_active[rows], committed = verbs.close_step(
-            policy, inp, region, x, state, mask, end_ids=end_ids, pad_id=spec.pad_id, stop_at_eot=stop_at_eot,
+            policy, inp, region, x, state, mask, end_ids=end_ids, pad_id=spec.pad_id, stop_at_eot=settings.stop_at_eot,
             apply_commits=apply_commits, commit_step=commit_step, generator=generator, observe=observe)
         canvas.x[rows], canvas.state[rows] = x, state
         if policy.eot_lookahead:  # its cut may have masked the rows' tails
@@ -127,11 +124,7 @@ def run_decode(model, input_ids, *, policy, gen_length, block=None, window=None,
     for rows, counts in commits:
         for r, n in zip(rows.tolist(), counts.tolist()):
             per_row[r].append(n)
-    return canvas.x, verbs.DecodeStats(
-        steps=counters.steps.tolist(), forwards=forwards, commits_per_step=per_row, seconds=seconds,
-        gen_lengths=verbs.gen_lengths(canvas.x[:, canvas.prompt_len:], spec.end_ids),
-        refreshes=[0] * B if kv is None else kv.refreshes.tolist(),
-        settings=verbs.decode_settings(policy, schedule, block=block, window=window, temperature=temperature,
-                                       cfg_scale=cfg_scale, stop_at_eot=stop_at_eot, idle_steps=idle_steps,
-                                       seed=seed, cache=cache, refresh_every=refresh_every,
-                                       refresh_shift=refresh_shift))
+    return canvas.x, verbs.run_stats(
+        canvas.x[:, canvas.prompt_len:], spec.end_ids, steps=counters.steps.tolist(), forwards=forwards,
+        commits_per_step=per_row, seconds=seconds, refreshes=None if kv is None else kv.refreshes,
+        settings=settings.record(policy))

@@ -7,8 +7,6 @@ calls these on the live rows with host-side control flow; `tracelock.decode.engi
 ones on every slot inside its static-shape graphs. `DecodeStats` is what both report.
 """
 
-import math
-import numbers
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -17,8 +15,8 @@ import torch
 
 from tracelock import states
 from tracelock.decode.canvas import Canvas, truncate_after
-from tracelock.decode.kv_cache import default_refresh_shift, validate_cache
 from tracelock.decode.schedule import RowCounters, Schedule
+from tracelock.decode.settings import DecodeSettings
 from tracelock.models.backbone import DiffusionBackbone
 from tracelock.policies import make_policy
 from tracelock.policies.base import Lookahead, Policy, StepInput
@@ -44,36 +42,18 @@ class DecodeStats:
         return sum(self.gen_lengths) / self.seconds if self.seconds > 0 else float("nan")
 
 
-def check_options(model, temperature, cfg_scale) -> None:
+def check_model(model) -> None:
     if not isinstance(model, DiffusionBackbone):
         raise TypeError(f"model must be a tracelock DiffusionBackbone (from tracelock.load_model), got {type(model)}")
-    for name, value, zero in (("temperature", temperature, "greedy"), ("cfg_scale", cfg_scale,
-                                                                       "no classifier-free guidance")):
-        # a real number (None, a string or inf would fail deep in the loop, or decode garbage)
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
-            raise ValueError(f"{name}={value!r} must be a finite number >= 0 (0 = {zero})")
 
 
-def setup_run(policy, policy_args, *, gen_length, block, window, idle_steps, cache, refresh_every, refresh_shift,
-              cfg_scale, skip_finished_blocks) -> tuple:
-    """(schedule, policy, refresh_shift): the run's schedule, its policy set up for it, and the cache's refresh
-    shift with its default; every setting is checked here, before any work."""
-    schedule = Schedule(gen_length, block, window, idle_steps, skip_finished_blocks)
-    validate_cache(cache, refresh_every, refresh_shift, schedule.kind, cfg_scale)
-    if cache is not None and refresh_shift is None and schedule.kind == "window":
-        refresh_shift = default_refresh_shift(window)
-    policy = make_policy(policy, **(policy_args or {}))
-    policy.setup(gen_length=gen_length, num_regions=schedule.num_regions)
-    return schedule, policy, refresh_shift
-
-
-def decode_settings(policy: Policy, schedule: Schedule, *, block, window, temperature, cfg_scale, stop_at_eot,
-                    idle_steps, seed, cache, refresh_every, refresh_shift) -> dict:
-    """`DecodeStats.settings`: the run's settings as both drivers record them."""
-    return dict(policy=repr(policy), gen_length=schedule.gen_length, block=block, window=window,
-                schedule=schedule.kind, temperature=temperature, cfg_scale=cfg_scale, stop_at_eot=stop_at_eot,
-                idle_steps=idle_steps, seed=seed, cache=cache, refresh_every=refresh_every,
-                refresh_shift=refresh_shift)
+def setup_run(settings: DecodeSettings, skip_finished_blocks) -> tuple:
+    """(schedule, policy): the run's schedule and its policy, built once and set up for it."""
+    schedule = Schedule(settings.gen_length, settings.block, settings.window, settings.idle_steps,
+                        skip_finished_blocks)
+    policy = make_policy(settings.policy, **(settings.policy_args or {}))
+    policy.setup(gen_length=settings.gen_length, num_regions=schedule.num_regions)
+    return schedule, policy
 
 
 def step_budget(schedule: Schedule, steps_per_region: int) -> int:
@@ -106,6 +86,16 @@ def forward_ops(policy: Policy, model, *, window_logits_stats, tap_project, temp
         return None, None
     fold = policy.tap_fold(model) if policy.needs_taps and tap_project is not None else None
     return window_logits_stats, None if fold is None else partial(_project_folded, tap_project, *fold)
+
+
+def tap_layout(policy: Policy, model, tap_project) -> tuple | None:
+    """(count, X, dtype) of the taps a forward returns for ``policy``: the three raw taps, or with ``tap_project``
+    (`forward_ops`) the one tensor of controller inputs folded from them; None for a policy without taps."""
+    if not policy.needs_taps:
+        return None
+    if tap_project is None:
+        return 3, model.spec.hidden_size, model.dtype
+    return 1, tap_project.args[-1].shape[0], torch.float32  # the fold's (A, c): c [N]
 
 
 @dataclass
@@ -246,6 +236,15 @@ def close_step(policy: Policy, inp: StepInput, region: Region, x, state, attenti
             cut = torch.where(live, cut, length)
         first_active = truncate_after(x, state, attention_mask, cut, pad_id)
     return first_active, chosen.sum(1)
+
+
+def run_stats(generated: torch.Tensor, end_ids, *, steps: list, forwards: int, commits_per_step: list,
+              seconds: float, refreshes, settings: dict) -> DecodeStats:
+    """The `DecodeStats` every driver reports, of rows whose generations are ``generated`` [B, G]; ``refreshes`` is
+    the KV cache's [B] count (None without a cache)."""
+    return DecodeStats(steps=steps, forwards=forwards, commits_per_step=commits_per_step, seconds=seconds,
+                       gen_lengths=gen_lengths(generated, end_ids),
+                       refreshes=[0] * len(steps) if refreshes is None else refreshes.tolist(), settings=dict(settings))
 
 
 def gen_lengths(generated: torch.Tensor, end_ids) -> list:

@@ -1,0 +1,111 @@
+"""`DecodeSettings`: what a user sets for a decoding run, as one object checked once where it is built.
+
+Every entry point takes it (`fused_generate`, `reference_generate`, `generate_many`, `DecodeEngine`), or its fields
+as keywords (`settings_from`), and hands the one object down: the loop, the engine, the compiled path and the stats
+read it instead of a dozen loose keywords each.
+"""
+
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+
+from tracelock.decode.kv_cache import default_refresh_shift, validate_cache
+from tracelock.decode.schedule import validate_schedule
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """The settings of a decoding run.
+
+    Args:
+        policy (str | Policy): a policy name (``tracelock.policies.POLICIES``) or a policy object.
+        gen_length (int): positions to generate.
+        block (int, optional): semi-AR block length (must divide gen_length). Default: None.
+        window (int, optional): soft-crop window width. Default: None (with no block: the full region).
+        policy_args (dict, optional): keyword arguments of a named policy, e.g. ``{"tau": 0.9}``.
+        temperature (float): 0 = greedy; > 0 samples by Gumbel-max. Default: 0.0.
+        cfg_scale (float): LLaDA's classifier-free guidance scale. Default: 0.0.
+        stop_at_eot (bool): a committed end token finishes its row. Default: False (paper presets).
+        idle_steps (bool): reproduce the reference release's block-advance artifact. Default: False.
+        seed (int): seed of sampling and random policies. Default: 0.
+        cache (str, optional): approximate KV cache (`tracelock.decode.kv_cache`): "prefix" recomputes the
+            positions from the last refresh's pointer to the end, "dual" only up to the commit region's end.
+            A refresh is a full forward that is also a step. Default: None (every step is a full forward).
+        refresh_every (int, optional): with ``cache``, also refresh a row after this many steps. Default: None.
+        refresh_shift (int, optional): with ``cache`` and ``window``, refresh a row when its window's left end has
+            moved this far since the last refresh. Default: window // 2 (filled in here). Blocks refresh at every
+            block start.
+
+    Examples::
+
+        settings = DecodeSettings(policy="threshold", policy_args={"tau": 0.9}, gen_length=64, block=16)
+        tokens, stats = tracelock.fused_generate(model, ids, settings)
+    """
+
+    policy: object
+    gen_length: int
+    block: int | None = None
+    window: int | None = None
+    policy_args: Mapping | None = None
+    temperature: float = 0.0
+    cfg_scale: float = 0.0
+    stop_at_eot: bool = False
+    idle_steps: bool = False
+    seed: int = 0
+    cache: str | None = None
+    refresh_every: int | None = None
+    refresh_shift: int | None = None
+
+    def __post_init__(self):
+        if self.policy_args is not None and not isinstance(self.policy_args, Mapping):
+            raise TypeError(f"policy_args must be a dict of the policy's keyword arguments, e.g. {{'tau': 0.9}}, "
+                            f"got {type(self.policy_args).__name__} {self.policy_args!r}")
+        for name, zero in (("temperature", "greedy"), ("cfg_scale", "no classifier-free guidance")):
+            value = getattr(self, name)
+            # a real number (None, a string or inf would fail deep in the loop, or decode garbage)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
+                raise ValueError(f"{name}={value!r} must be a finite number >= 0 (0 = {zero})")
+        validate_schedule(self.gen_length, self.block, self.window)
+        if self.idle_steps and self.block is None:
+            raise ValueError("idle_steps=True reproduces the reference release's semi-AR block artifact; "
+                             "it needs block=N")
+        validate_cache(self.cache, self.refresh_every, self.refresh_shift, self.schedule_kind, self.cfg_scale)
+        if self.cache is not None and self.refresh_shift is None and self.schedule_kind == "window":
+            object.__setattr__(self, "refresh_shift", default_refresh_shift(self.window))
+
+    @property
+    def schedule_kind(self) -> str:
+        return "block" if self.block else "window" if self.window else "full"
+
+    def record(self, policy) -> dict:
+        """`DecodeStats.settings`: the run's settings as every driver records them, ``policy`` as built."""
+        return dict(self.key(), policy=repr(policy), schedule=self.schedule_kind)
+
+    def key(self) -> tuple:
+        """The settings by value, beside the policy (an engine cache's key)."""
+        return tuple((f.name, getattr(self, f.name)) for f in fields(self) if f.name not in ("policy", "policy_args"))
+
+
+FIELDS = tuple(f.name for f in fields(DecodeSettings))
+
+
+def settings_from(settings, overrides: dict, caller: str) -> DecodeSettings:
+    """The run's `DecodeSettings`: ``settings`` with ``overrides`` (its fields as keywords) applied, or the
+    overrides alone; an unknown keyword names the fields."""
+    from tracelock.cli_common import did_you_mean
+
+    unknown = [k for k in overrides if k not in FIELDS]
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}; the decoding settings are: "
+                        f"{', '.join(FIELDS)}{did_you_mean(unknown[0], FIELDS)}")
+    if settings is None:
+        missing = [k for k in ("policy", "gen_length") if k not in overrides]
+        if missing:
+            raise TypeError(f"{caller}() needs {' and '.join(f'{k}=' for k in missing)} (or settings=DecodeSettings("
+                            "policy=..., gen_length=...))")
+        return DecodeSettings(**overrides)
+    if not isinstance(settings, DecodeSettings):
+        raise TypeError(f"settings must be a tracelock.DecodeSettings, got {type(settings).__name__}; pass the "
+                        "decoding settings as DecodeSettings(...) or as keywords")
+    return replace(settings, **overrides) if overrides else settings
