@@ -44,15 +44,6 @@ def _engine(model, prompts, policy, compile) -> DecodeEngine:
                         compile=compile)
 
 
-def _decode(engine, prompts):
-    """One batch on a built engine (its graphs compiled on the first call): [(tokens, stats)] per prompt."""
-    engine.reset()
-    slots = [engine.admit(p) for p in prompts]
-    while engine.step():
-        pass
-    return [engine.result(s) for s in slots]
-
-
 def _interleaved(engines, prompts, rounds: int) -> dict:
     """Seconds per batch of each path, the paths alternating round by round so that a load change on a shared
     machine falls on both: medians, and the median of the per-round ratios."""
@@ -60,7 +51,7 @@ def _interleaved(engines, prompts, rounds: int) -> dict:
     for _ in range(rounds):
         for p, engine in engines.items():
             start = time.perf_counter()
-            _decode(engine, prompts)
+            engine.run(prompts)
             times[p].append(time.perf_counter() - start)
     ratios = [a / b for a, b in zip(times["commit-op"], times["closed-in-torch"])]
     return dict(seconds_per_item={p: statistics.median(t) / ITEMS for p, t in times.items()},
@@ -76,7 +67,7 @@ def test_shipped_rule_in_the_engine(request, benchmark, machine, bundled, compil
     policies = {"commit-op": TraceLockPolicy(name, model=model), "closed-in-torch": ClosedInTorch(name, model=model)}
     engines = {p: _engine(model, prompts, policy, compiled) for p, policy in policies.items()}
     # check before timing: both paths decode the same tokens and steps (and a compiled engine compiles here)
-    want, got = (_decode(engines[p], prompts) for p in ("closed-in-torch", "commit-op"))
+    want, got = (engines[p].run(prompts) for p in ("closed-in-torch", "commit-op"))
     for (tokens, stats), (ref_tokens, ref_stats) in zip(got, want):
         assert torch.equal(tokens, ref_tokens) and stats.steps == ref_stats.steps
     steps = sum(stats.steps[0] for _, stats in got)
@@ -89,4 +80,4 @@ def test_shipped_rule_in_the_engine(request, benchmark, machine, bundled, compil
     rounds = request.config.getoption("--bench-rounds")
     benchmark.extra_info.update(_interleaved(engines, prompts, rounds))
     # the table's row: the commit-op path (the ratio against the torch path is in extra_info)
-    benchmark.pedantic(lambda: _decode(engines["commit-op"], prompts), rounds=rounds, warmup_rounds=0)
+    benchmark.pedantic(lambda: engines["commit-op"].run(prompts), rounds=rounds, warmup_rounds=0)

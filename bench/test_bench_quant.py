@@ -37,14 +37,6 @@ def _engine(model, prompts, compile) -> DecodeEngine:
                         block=BLOCK, cache="dual", slots=len(prompts), prompt_len=bucket, compile=compile)
 
 
-def _decode(engine, prompts):
-    engine.reset()
-    slots = [engine.admit(p) for p in prompts]
-    while engine.step():
-        pass
-    return [engine.result(s) for s in slots]
-
-
 @pytest.mark.parametrize("compiled", [False, True], ids=["engine", "compiled-engine"])
 def test_int8_against_fp32(request, benchmark, machine, bundled, compiled):
     if compiled and benchmark.disabled:
@@ -53,7 +45,7 @@ def test_int8_against_fp32(request, benchmark, machine, bundled, compiled):
     engines = {fmt: _engine(m, prompts, compiled) for fmt, m in models.items()}
     answers = {}
     for fmt, engine in engines.items():  # check before timing: each engine decodes as fused_generate does
-        answers[fmt] = _decode(engine, prompts)
+        answers[fmt] = engine.run(prompts)
         for prompt, (tokens, stats) in zip(prompts, answers[fmt]):
             want, want_stats = tracelock.fused_generate(models[fmt], [prompt], impl="torch", **SETTING)
             assert torch.equal(tokens.reshape(-1), want.reshape(-1)) and stats.steps == want_stats.steps, fmt
@@ -67,10 +59,10 @@ def test_int8_against_fp32(request, benchmark, machine, bundled, compiled):
     for _ in range(rounds):  # alternating, so a load change on a shared machine falls on both
         for fmt, engine in engines.items():
             start = time.perf_counter()
-            _decode(engine, prompts)
+            engine.run(prompts)
             times[fmt].append(time.perf_counter() - start)
     benchmark.extra_info.update(
         seconds_per_item={f: statistics.median(t) / ITEMS for f, t in times.items()}, rounds=rounds,
         int8_over_fp32=statistics.median(times["int8"]) / statistics.median(times["fp32"]),
         median_round_ratio=statistics.median([a / b for a, b in zip(times["int8"], times["fp32"])]))
-    benchmark.pedantic(lambda: _decode(engines["int8"], prompts), rounds=rounds, warmup_rounds=0)
+    benchmark.pedantic(lambda: engines["int8"].run(prompts), rounds=rounds, warmup_rounds=0)

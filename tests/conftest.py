@@ -1,4 +1,6 @@
+import importlib.util
 import os
+from pathlib import Path
 
 # set before anything imports tracelock: @triton.jit reads TRITON_INTERPRET when a kernel is decorated
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -51,3 +53,17 @@ def server():
 
     with chat_server() as srv:
         yield srv
+
+
+@pytest.fixture(scope="session")
+def study_script():
+    """A loader of bench/studies' scripts by name (each run as a module of its own)."""
+    folder = Path(__file__).resolve().parents[1] / "bench" / "studies"
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+        return script
+
+    return load

@@ -2,7 +2,6 @@
 bench/studies/gpu_decode.py, gpu_step.py and gpu_race.py. Every stage runs and the JSON holds each figure the GPU run
 reports (the GPU-only ones are None or skipped with a reason on a CPU)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,15 +14,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "studies"
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
 
-
-def test_dry_run(tmp_path):
-    result = _script("gpu_decode").main(["--out", str(tmp_path), "--dry-run"])
+def test_dry_run(tmp_path, study_script):
+    result = study_script("gpu_decode").main(["--out", str(tmp_path), "--dry-run"])
     saved = json.loads((tmp_path / "gpu-decode-dry-run.json").read_text())
     assert saved["batches"] == [1, 2] and saved["settings"]["cache"] == "dual"
     assert saved["floor"]["weight_bytes_per_step"] > 0 and "floor_seconds" not in saved["floor"]
@@ -40,8 +33,8 @@ def test_dry_run(tmp_path):
     assert result["shape"].startswith("micro-llada")
 
 
-def test_step_dry_run(tmp_path):
-    _script("gpu_step").main(["--out", str(tmp_path), "--dry-run"])
+def test_step_dry_run(tmp_path, study_script):
+    study_script("gpu_step").main(["--out", str(tmp_path), "--dry-run"])
     saved = json.loads((tmp_path / "gpu-step-llada-8b-dry-run.json").read_text())
     assert saved["card"] is None and saved["settings"]["cache"] == "dual"
     for stage in ("profile", "kernels", "tracelock_step"):
@@ -106,10 +99,10 @@ def test_race_dry_run(tmp_path, shape):
     assert table.count("\n| k") == len(cells)
 
 
-def test_backbone_dry_run(tmp_path):
+def test_backbone_dry_run(tmp_path, study_script):
     """Every backbone variant's cached step at B = 1 and 2 (uncompiled on the CPU), each checked against the first
     variant's tokens; the fastest recorded per batch."""
-    saved = _script("gpu_backbone").main(["--out", str(tmp_path), "--dry-run"])
+    saved = study_script("gpu_backbone").main(["--out", str(tmp_path), "--dry-run"])
     assert saved == json.loads((tmp_path / "gpu-backbone-llada-8b-dry-run.json").read_text())
     assert saved["floors"]["weight_bytes_per_step"] > 0 and "copy_bandwidth" not in saved["floors"]  # no GPU
     variants = saved["variants"]
@@ -132,10 +125,10 @@ def test_session_stops_at_once_without_the_peer(tmp_path):
     assert run.returncode == 2 and "bash bench/studies/stage_peers.sh" in run.stderr, run.stderr
 
 
-def test_stage_guard():
+def test_stage_guard(study_script):
     """A stage that raises is recorded with its error, one that needs more time than is left is skipped; both
     save, and the run goes on."""
-    step = _script("gpu_stages")
+    step = study_script("gpu_stages")
     result, saves = {}, []
 
     def boom():
@@ -148,7 +141,7 @@ def test_stage_guard():
     assert result["b"]["skipped"].startswith("time budget") and result["c"]["x"] == 1 and len(saves) == 3
 
 
-def test_kernel_rows_from_cuda_events():
+def test_kernel_rows_from_cuda_events(study_script):
     """The profile's table on a GPU's events (built here by hand: no GPU in CI): kernels grouped by name, bytes from
     the launching op's recorded inputs (or the model's dtype where the profiler recorded no dtypes), known bytes for
     the Triton head, none where not derivable; GB/s and shares from them."""
@@ -157,7 +150,7 @@ def test_kernel_rows_from_cuda_events():
     from torch.autograd import DeviceType
     from torch.autograd.profiler_util import Kernel
 
-    step = _script("profile_table")
+    step = study_script("profile_table")
 
     def event(name, device, us=0.0, kernels=(), shapes=None, dtypes=None):
         return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us),

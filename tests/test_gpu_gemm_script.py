@@ -2,25 +2,16 @@
 variant is checked against linear_rows_ref before it is timed, and the JSON holds every figure the GPU run reports (the
 card's ceilings None on a CPU)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "studies"
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("gpu_gemm", BENCH / "gpu_gemm.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
 
-
-def test_gemm_dry_run(tmp_path):
-    result = _script().main(["--out", str(tmp_path), "--dry-run"])
+def test_gemm_dry_run(tmp_path, study_script):
+    result = study_script("gpu_gemm").main(["--out", str(tmp_path), "--dry-run"])
     saved = json.loads((tmp_path / "gpu-gemm-dry-run.json").read_text())
     assert saved["rows"] == [1, 8, 32] and saved["card"] is None and saved["copy"]["gb_per_s"] > 0
     for stage in ("copy", "llada-8b", "dream-7b", "llada-8b-epilogues", "dream-7b-epilogues", "max_autotune"):

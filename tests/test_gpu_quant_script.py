@@ -3,7 +3,6 @@ unquantized step, int4 and fp8 are skipped with the refusal a CPU user gets, and
 run reports (the bandwidth-based ones absent on a CPU). bench/studies/gpu_step_session.sh runs it within its time
 limits."""
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -14,14 +13,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "studies"
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
 
-
-def test_quant_dry_run(tmp_path):
+def test_quant_dry_run(tmp_path, study_script):
     from tracelock.extras import MissingExtraError
     from tracelock.models import quantize
 
@@ -29,7 +22,7 @@ def test_quant_dry_run(tmp_path):
         quantize.import_torchao()
     except MissingExtraError:
         pytest.skip("torchao is not installed (the quant extra)")
-    _script("gpu_quant").main(["--out", str(tmp_path), "--dry-run", "--steps", "3"])
+    study_script("gpu_quant").main(["--out", str(tmp_path), "--dry-run", "--steps", "3"])
     saved = json.loads((tmp_path / "gpu-quant-llada-8b-dry-run.json").read_text())
     assert saved["card"] is None and saved["dtype"] == "torch.float32" and saved["torchao"].startswith("0.18")
     int8 = saved["quantize-int8"]

@@ -179,7 +179,7 @@ def test_fold_path_equals_codes_path(model, encoder):
 def test_presets_and_errors(model, encoder):
     ctrl = _controller(model, encoder, confidence_input=True)
     release = TraceLockPolicy(ctrl, encoder, reference_release=True)
-    assert (release.theta, release.cap, release.inclusive) == (0.99, 4, True)
+    assert (release.theta, release.cap, release.reference_release) == (0.99, 4, True)
     assert (TraceLockPolicy(ctrl, encoder).theta, TraceLockPolicy(ctrl, encoder).cap) == (0.95, None)
     with pytest.raises(ValueError, match="reference_release=True fixes theta=0.99"):
         TraceLockPolicy(ctrl, encoder, reference_release=True, theta=0.9)

@@ -9,6 +9,7 @@ from tracelock import ops
 from tracelock.api import check_named_policy
 from tracelock.cli_common import policy_and_args
 from tracelock.decode.schedule import validate_schedule
+from tracelock.decode.settings import DecodeSettings
 from tracelock.generate import fused_generate
 from tracelock.models import load_model, load_tokenizer
 from tracelock.models.loading import resolve_path
@@ -53,18 +54,17 @@ def run_generate(args) -> int:
                     refresh_shift=args.refresh_shift)
     # built once (a learned policy reads its controller or filters from disk here), not per batch
     built = make_policy(policy, **policy_args_for(model, policy, policy_args, args.gen_length))
+    decode = DecodeSettings(policy=built, gen_length=args.gen_length, block=args.block, window=args.window,
+                            temperature=args.temperature, cfg_scale=args.cfg_scale, stop_at_eot=args.stop_at_eot,
+                            idle_steps=args.idle_steps, seed=args.seed, cache=args.cache,
+                            refresh_every=args.refresh_every, refresh_shift=args.refresh_shift)
     out = open(args.out, "w") if args.out else sys.stdout
     try:
         bar = progress_bar(total=len(prompts), disable=len(prompts) < 2, desc="generate", unit="prompt")
         for start in range(0, len(prompts), args.batch_size):
             batch = prompts[start:start + args.batch_size]
             ids = [encode_prompt(tokenizer, p, not args.no_chat_template) for p in batch]
-            tokens, stats = fused_generate(model, ids, policy=built,
-                                           gen_length=args.gen_length, block=args.block, window=args.window,
-                                           temperature=args.temperature, cfg_scale=args.cfg_scale,
-                                           stop_at_eot=args.stop_at_eot, idle_steps=args.idle_steps,
-                                           seed=args.seed, impl=args.impl, cache=args.cache,
-                                           refresh_every=args.refresh_every, refresh_shift=args.refresh_shift)
+            tokens, stats = fused_generate(model, ids, decode, impl=args.impl)
             P = tokens.shape[1] - args.gen_length
             for row, prompt in enumerate(batch):
                 # the answer ends before its first end token (the pad / end ids after it are filler, as the server cuts)

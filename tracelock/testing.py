@@ -156,10 +156,7 @@ def decode_on_engine(model, prompts, slots=None, bucket=None, **settings) -> tup
 
     bucket = bucket or prompt_bucket(max(map(len, prompts)), settings["gen_length"], model.spec.max_positions)
     engine = DecodeEngine(model, slots=slots or len(prompts), prompt_len=bucket, **settings)
-    got = [engine.admit(p) for p in prompts]
-    while engine.step():
-        pass
-    return [engine.result(s) for s in got], engine
+    return engine.run(prompts), engine
 
 
 def assert_same_decode(got, want, label: str = "") -> None:

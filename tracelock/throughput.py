@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tracelock.decode.settings import FIELDS, settings_from
+
 
 @dataclass
 class ThroughputStats:
@@ -35,15 +37,16 @@ def length_batches(prompts: list, batch_size: int) -> list:
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def generate_many(model, prompts: list, *, batch_size: int, generate=None, **decode_args):
+def generate_many(model, prompts: list, settings=None, *, batch_size: int, generate=None, **decode_args):
     """Decode token-id ``prompts`` (a list of lists) in length-sorted batches of ``batch_size``.
 
     Args:
         model: a `tracelock.load_model` backbone.
         prompts (list): token-id lists.
+        settings (DecodeSettings, optional): the decoding settings (or its fields as keywords, in ``decode_args``).
         batch_size (int): rows per batch.
         generate (callable, optional): `tracelock.fused_generate` (default) or `tracelock.reference_generate`.
-        **decode_args: the decoding arguments of `fused_generate` (policy, gen_length, block / window, cache, ...).
+        **decode_args: `DecodeSettings`'s fields and `fused_generate`'s other arguments (impl, compile, ...).
 
     Returns:
         (outputs, ThroughputStats): ``outputs[i]`` = (generated token ids, steps) of ``prompts[i]``, in input order.
@@ -53,13 +56,15 @@ def generate_many(model, prompts: list, *, batch_size: int, generate=None, **dec
     from tracelock.checks import check_prompt_lists
 
     check_prompt_lists(prompts, name="prompts")
-    gen_length = decode_args["gen_length"]
+    fields = {k: decode_args.pop(k) for k in FIELDS if k in decode_args}
+    settings = settings_from(settings, fields, "generate_many")  # checked once, for every batch
+    gen_length = settings.gen_length
     outputs, tokens, steps, padded, total = [None] * len(prompts), 0, 0, 0, 0
     batches = length_batches(prompts, batch_size)
     start = time.perf_counter()
     for batch in batches:
         rows = [prompts[i] for i in batch]
-        canvas, stats = generate(model, rows, **decode_args)
+        canvas, stats = generate(model, rows, settings, **decode_args)
         generated = canvas[:, -gen_length:].tolist()
         for j, i in enumerate(batch):
             outputs[i] = (generated[j], stats.steps[j])

@@ -24,7 +24,6 @@ rewritten atomically after every stage; a stage its time budget cannot fit is sk
     python bench/studies/gpu_backbone.py --out DIR [--shape llada-8b|dream-7b] [--budget SECONDS] [--dry-run]
 """
 
-import argparse
 import json
 import platform
 import sys
@@ -35,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import gpu_decode  # noqa: E402  (bench/studies/gpu_decode.py)
-from gpu_stages import Budget, ceilings, log, run_stage  # noqa: E402
+from gpu_stages import Budget, ceilings, log, run_stage, study_parser  # noqa: E402
 
 from tracelock.atomic import atomic_write_text  # noqa: E402
 
@@ -117,15 +116,9 @@ def choose(variants: dict, batch: int) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="folder for the JSON (created)")
-    parser.add_argument("--shape", default="llada-8b", choices=["llada-8b", "dream-7b"],
-                        help="the released shape (default: llada-8b)")
-    parser.add_argument("--budget", type=float, default=200.0,
-                        help="seconds the stages may take; a stage that needs more than is left is skipped (200)")
+    parser = study_parser(__doc__, 200.0)
     parser.add_argument("--batches", type=int, nargs="+", default=None,
                         help="batch sizes (default: 1 and the largest of the session, 32; a dry run 1 and 2)")
-    parser.add_argument("--dry-run", action="store_true", help="CPU, micro checkpoint, tiny shapes (default: off)")
     args = parser.parse_args(argv)
     budget = Budget(args.budget)
     model, _, label, (gen, block, prompt_len, batches) = gpu_decode.start_run(args)

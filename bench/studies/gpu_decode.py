@@ -34,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1]))  # bench/peers.py
 import peers  # noqa: E402  (bench/peers.py)
+from gpu_stages import step_times  # noqa: E402
 
 import tracelock  # noqa: E402
 from tracelock.atomic import atomic_write_text  # noqa: E402
@@ -119,21 +120,11 @@ def weight_floor(model, device) -> dict:
 def time_engine_steps(model, prompts, settings, device, compile) -> dict:
     """Decode ``prompts`` on an engine, timing every step; the medians of the cached-only and refresh steps."""
     engine = _engine(model, prompts, settings, compile)
-    for rnd in range(2):  # the first round compiles / captures; the second is timed
+    for _ in range(2):  # the first round compiles / captures; the second is timed
         engine.reset()
         for p in prompts:
             engine.admit(p)
-        times = {"cached": [], "refresh": []}
-        while True:
-            _sync(device)
-            start = time.perf_counter()
-            ran = engine.step()
-            _sync(device)
-            seconds = time.perf_counter() - start
-            if not ran:
-                break
-            if rnd == 1:
-                times["cached" if engine.last_step[1] == 0 else "refresh"].append(seconds)
+        times = step_times(engine, device)
     return dict(cached_step_median=statistics.median(times["cached"]), cached_steps=len(times["cached"]),
                 refresh_step_median=statistics.median(times["refresh"]) if times["refresh"] else None,
                 refresh_steps=len(times["refresh"]))

@@ -23,7 +23,6 @@ is rewritten after every stage, so a run cut off keeps what it measured.
     python bench/studies/gpu_quant.py --out DIR [--shape llada-8b|dream-7b] [--budget SECONDS] [--dry-run]
 """
 
-import argparse
 import copy
 import json
 import platform
@@ -36,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import gpu_decode  # noqa: E402  (bench/studies/gpu_decode.py)
-from gpu_stages import Budget, ceilings, log, run_stage, sync  # noqa: E402
+from gpu_stages import Budget, ceilings, log, run_stage, step_times, study_parser, sync  # noqa: E402
 
 from tracelock.atomic import atomic_write_text  # noqa: E402
 from tracelock.models import quantize  # noqa: E402
@@ -94,18 +93,7 @@ def step_medians(model, prompts: list, settings: dict, device, mode, steps: int)
     engine = gpu_decode._engine(model, prompts, settings, mode)
     for p in prompts:
         engine.admit(p)
-    times = {"cached": [], "refresh": []}
-    warmup = 3
-    for i in range(warmup + steps):
-        sync(device)
-        start = time.perf_counter()
-        ran = engine.step()
-        sync(device)
-        seconds = time.perf_counter() - start
-        if not ran:
-            break
-        if i >= warmup:
-            times["cached" if engine.last_step[1] == 0 else "refresh"].append(seconds)
+    times = step_times(engine, device, warmup=3, limit=steps)
     del engine
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -138,15 +126,9 @@ def timing_stage(models: dict, prompts: list, settings: dict, device, mode, step
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="folder for the JSON (created)")
-    parser.add_argument("--shape", default="llada-8b", choices=["llada-8b", "dream-7b"],
-                        help="the released shape (default: llada-8b)")
+    parser = study_parser(__doc__, 45.0)
     parser.add_argument("--formats", default=",".join(FORMATS), help="formats, comma-separated (default: all)")
-    parser.add_argument("--budget", type=float, default=45.0,
-                        help="seconds the stages may take; a stage that needs more than is left is skipped (45)")
     parser.add_argument("--steps", type=int, default=8, help="cached steps timed per format and batch (8)")
-    parser.add_argument("--dry-run", action="store_true", help="CPU, micro checkpoint, tiny shapes (default: off)")
     args = parser.parse_args(argv)
     budget = Budget(args.budget)
     formats = [quantize.normalize(f) for f in args.formats.split(",") if f.strip()]

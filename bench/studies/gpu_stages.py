@@ -1,6 +1,7 @@
 """What every GPU session script shares: stages guarded and time-budgeted, the cards' ceilings, kernel timing and the
 roofline (bench/studies/gpu_step.py, bench/studies/gpu_race.py)."""
 
+import argparse
 import time
 import traceback
 
@@ -60,6 +61,39 @@ def ceilings(device) -> tuple:
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def study_parser(doc: str, budget: float, out: str = "folder for the JSON (created)") -> argparse.ArgumentParser:
+    """The options every GPU study takes: --out, --shape, --budget (seconds, default ``budget``) and --dry-run."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--out", required=True, help=out)
+    parser.add_argument("--shape", default="llada-8b", choices=["llada-8b", "dream-7b"],
+                        help="the released shape (default: llada-8b)")
+    parser.add_argument("--budget", type=float, default=budget,
+                        help=f"seconds the stages may take; a stage that needs more than is left is skipped "
+                        f"({budget:g})")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, micro checkpoint, tiny shapes (default: off)")
+    return parser
+
+
+def step_times(engine, device, warmup: int = 0, limit: int | None = None) -> dict:
+    """Step ``engine`` (its prompts admitted) until it is done, each step synced and timed: {"cached": [...],
+    "refresh": [...]} seconds by the step's kind (`DecodeEngine.last_step`), the first ``warmup`` steps untimed and at
+    most ``limit`` timed."""
+    times = {"cached": [], "refresh": []}
+    i = 0
+    while limit is None or i < warmup + limit:
+        sync(device)
+        start = time.perf_counter()
+        ran = engine.step()
+        sync(device)
+        seconds = time.perf_counter() - start
+        if not ran:
+            break
+        if i >= warmup:
+            times["cached" if engine.last_step[1] == 0 else "refresh"].append(seconds)
+        i += 1
+    return times
 
 
 def time_call(fn, device, calls: int = 20, warmup: int = 3) -> float:

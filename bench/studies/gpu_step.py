@@ -29,7 +29,6 @@ a run cut off keeps what it measured.
     python bench/studies/gpu_step.py --out DIR [--shape llada-8b|dream-7b] [--budget SECONDS] [--dry-run]
 """
 
-import argparse
 import json
 import platform
 import sys
@@ -40,7 +39,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import gpu_decode  # noqa: E402  (bench/studies/gpu_decode.py)
-from gpu_stages import Budget, ceilings, log, roofline, run_stage, sync, time_call  # noqa: E402
+from gpu_stages import (  # noqa: E402
+    Budget,
+    ceilings,
+    log,
+    roofline,
+    run_stage,
+    study_parser,
+    sync,
+    time_call,
+)
 from profile_table import kernel_rows, kernel_table, markdown  # noqa: E402
 
 from tracelock import ops  # noqa: E402
@@ -279,13 +287,7 @@ def tracelock_step_stage(model, prompt, gen, width, device, mode) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="folder for the JSON and the markdown (created)")
-    parser.add_argument("--shape", default="llada-8b", choices=["llada-8b", "dream-7b"],
-                        help="the released shape (default: llada-8b)")
-    parser.add_argument("--budget", type=float, default=150.0,
-                        help="seconds the stages may take; a stage that needs more than is left is skipped (150)")
-    parser.add_argument("--dry-run", action="store_true", help="CPU, micro checkpoint, tiny shapes (default: off)")
+    parser = study_parser(__doc__, 150.0, out="folder for the JSON and the markdown (created)")
     args = parser.parse_args(argv)
     budget = Budget(args.budget)
     model, _, label, (gen, block, prompt_len, batches) = gpu_decode.start_run(args)

@@ -324,6 +324,15 @@ class DecodeEngine:
         self.policy.setup(gen_length=self.gen_length, num_regions=self.schedule.num_regions)
         self.generator.manual_seed(self.settings.seed)
 
+    def run(self, prompts) -> list:
+        """Decode ``prompts`` (token-id lists, at most ``slots`` of them) from a fresh start (`reset`), all admitted
+        at once: [(tokens, DecodeStats)] per prompt, as `result` gives them."""
+        self.reset()
+        slots = [self.admit(p) for p in prompts]
+        while self.step():
+            pass
+        return [self.result(s) for s in slots]
+
     def _check_slot(self, slot):
         if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.num_slots:
             raise ValueError(f"slot={slot!r} must be an int in [0, {self.num_slots})")

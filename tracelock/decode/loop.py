@@ -46,6 +46,15 @@ def _recorder(observer, rows, steps, x, state, inp):
                                               chosen=chosen))
 
 
+def _per_row(commits: list, B: int) -> list:
+    """[B] lists of each row's commits per step, from the steps' (rows [b], counts [b])."""
+    per_row = [[] for _ in range(B)]
+    for rows, counts in commits:
+        for r, n in zip(rows.tolist(), counts.tolist()):
+            per_row[r].append(n)
+    return per_row
+
+
 @torch.no_grad()
 def run_decode(model, input_ids, settings: DecodeSettings, *, attention_mask=None, apply_commits, skip_finished_blocks,
                window_logits_stats=None, tap_project=None, commit_step=None, kernels=None, observer=None):
@@ -120,11 +129,7 @@ def run_decode(model, input_ids, settings: DecodeSettings, *, attention_mask=Non
     if kv is not None:
         forwards += kv.split_steps
 
-    per_row = [[] for _ in range(B)]
-    for rows, counts in commits:
-        for r, n in zip(rows.tolist(), counts.tolist()):
-            per_row[r].append(n)
     return canvas.x, verbs.run_stats(
         canvas.x[:, canvas.prompt_len:], spec.end_ids, steps=counters.steps.tolist(), forwards=forwards,
-        commits_per_step=per_row, seconds=seconds, refreshes=None if kv is None else kv.refreshes,
+        commits_per_step=_per_row(commits, B), seconds=seconds, refreshes=None if kv is None else kv.refreshes,
         settings=settings.record(policy))

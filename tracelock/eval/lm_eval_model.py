@@ -31,6 +31,7 @@ themselves (0.4.13, the current one; upstream has merged such discovery). Nothin
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from lm_eval.api.model import LM
 
@@ -62,8 +63,7 @@ class TraceLockLM(LM):
         super().__init__()
         import torch
 
-        from tracelock.decode.kv_cache import validate_cache
-        from tracelock.decode.schedule import validate_schedule
+        from tracelock.decode.settings import DecodeSettings
         from tracelock.eval.runner import PolicySpec, build_policy
         from tracelock.models import load_model, load_tokenizer
 
@@ -71,8 +71,9 @@ class TraceLockLM(LM):
             raise ValueError(f"dtype={dtype!r} must be one of {', '.join(_DTYPES)}")
         if block is None and window is None:
             block = min(32, gen_length)
-        validate_schedule(gen_length, block, window)
-        validate_cache(cache, refresh_every, refresh_shift, "block" if block else "window", 0.0)
+        # checked before the model loads; the policy is built after it
+        settings = DecodeSettings(policy=policy, gen_length=int(gen_length), block=block, window=window, cache=cache,
+                                  refresh_every=refresh_every, refresh_shift=refresh_shift, seed=int(seed))
         if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
             # lm-eval passes its default cuda:0 also where there is no GPU (its HF model falls back the same way)
             if device is not None:
@@ -84,9 +85,7 @@ class TraceLockLM(LM):
         self.batch_size = _batch_size(batch_size)
         self.mc_samples, self.mc_batch, self.check_greedy = int(mc_samples), int(mc_batch), bool(check_greedy)
         spec = PolicySpec(policy, policy, dict(policy_args))
-        self.policy = build_policy(spec, self.model, controller=controller, l2p=l2p)
-        self.decode_args = dict(gen_length=int(gen_length), block=block, window=window, cache=cache,
-                                refresh_every=refresh_every, refresh_shift=refresh_shift)
+        self.settings = replace(settings, policy=build_policy(spec, self.model, controller=controller, l2p=l2p))
         self._device = self.model.device
 
     # -- prompts ----------------------------------------------------------------------------------------------
@@ -121,7 +120,7 @@ class TraceLockLM(LM):
         from tracelock.text import cut_at_stop, decode_answer
         from tracelock.throughput import generate_many
 
-        gen_length = self.decode_args["gen_length"]
+        gen_length = self.settings.gen_length
         room = self.model.spec.max_positions - gen_length
         groups = {}  # (until, temperature) -> request indices: one decode call per distinct setting
         for i, req in enumerate(requests):
@@ -133,8 +132,8 @@ class TraceLockLM(LM):
         results = [None] * len(requests)
         for (until, temperature), indices in groups.items():
             prompts = [self._fit(self._encode(requests[i].args[0]), room) for i in indices]
-            outputs, _ = generate_many(self.model, prompts, batch_size=self.batch_size, policy=self.policy,
-                                       temperature=temperature, seed=self.seed, **self.decode_args)
+            outputs, _ = generate_many(self.model, prompts, replace(self.settings, temperature=temperature),
+                                       batch_size=self.batch_size)
             for i, (generated, _) in zip(indices, outputs):
                 text, _ = cut_at_stop(decode_answer(self.tokenizer, generated, self.model.spec.end_ids), until)
                 results[i] = text

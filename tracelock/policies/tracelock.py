@@ -133,13 +133,13 @@ class TraceLockPolicy(Policy):
         if reference_release and not self._controller.config.confidence_input:
             raise ValueError("reference_release=True needs a controller trained with the confidence input "
                              "(`tracelock train --confidence-input`)")
-        self.theta, self.cap, self.inclusive = float(theta), cap, bool(reference_release)
+        self.theta, self.cap, self.reference_release = float(theta), cap, bool(reference_release)
         self.static_tau = None if static_tau is None else float(static_tau)
         # what the controller deploys with, unless told otherwise; the reference release's rule is the paper's
         rule = {} if reference_release else self._controller.config.commit_rule
         self.hold_end = rule.get("hold_end", False) if hold_end is None else hold_end
         self.fallback = rule.get("fallback", "score") if fallback is None else fallback
-        commit_margin_threshold(self.theta, self.inclusive)  # validates theta once, here
+        commit_margin_threshold(self.theta, self.reference_release)  # validates theta once, here
         self._device, self._fold = None, None
         # set by a `tracelock.eval.diagnostics.ControllerStepRecorder` while it records: the policy then keeps the
         # last step's slot scores and tau for it; off by default, so decoding holds on to nothing
@@ -235,7 +235,7 @@ class TraceLockPolicy(Policy):
         a, tau = self.slot_scores(inp)
         fallback = None if self.fallback == "score" else getattr(inp.signals, self.fallback)
         return CommitRule(a, tau, self.theta, self.cap or 0, fallback_score=fallback,
-                          held=held_ends(inp) if self.hold_end else None, inclusive=self.inclusive)
+                          held=held_ends(inp) if self.hold_end else None, inclusive=self.reference_release)
 
     def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
         # the selection half of commit_step's spec on the same rule: the torch path and the kernel agree by

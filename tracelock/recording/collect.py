@@ -156,7 +156,7 @@ def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=Non
 
     from tracelock.models import load_model, load_tokenizer
     from tracelock.progress import progress_bar
-    from tracelock.recording.recorder import record
+    from tracelock.recording.recorder import Recording
     from tracelock.tasks import score
     from tracelock.text import decode_answer, encode_prompt
 
@@ -194,6 +194,9 @@ def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=Non
         done = writer.done_ids() | stored_ids(out, exclude=writer.prefix)
         seconds_before = writer.extra.get("seconds", 0.0)
         mine = items[rank::world_size]
+        recording = Recording(model, policy=policy, gen_length=gen_length, block=block, window=window,
+                              policy_args=policy_args, fraction=fraction, seed=seed, keep_confidence=keep_confidence,
+                              stop_at_eot=stop_at_eot)  # the policy built once, not per chunk
         common = dict(model=settings["model"], model_fingerprint=settings["model_fingerprint"], seed=seed)
         bar = progress_bar(total=len(mine), desc="collect")
         for first in range(0, len(mine), batch_size):
@@ -201,11 +204,9 @@ def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=Non
             if all(it.id in done for it in chunk):
                 bar.update(len(chunk))
                 continue
-            traces = record(model, [encode_prompt(tokenizer, it.prompt) for it in chunk], policy=policy,
-                            gen_length=gen_length, block=block, window=window, policy_args=policy_args,
-                            fraction=fraction, seed=seed, keep_confidence=keep_confidence, batch_size=len(chunk),
-                            stop_at_eot=stop_at_eot, row_seeds=[_row_seed(seed, it.id) for it in chunk],
-                            metas=[dict(common, id=it.id, **it.meta) for it in chunk])
+            traces = recording.run([encode_prompt(tokenizer, it.prompt) for it in chunk], batch_size=len(chunk),
+                                   row_seeds=[_row_seed(seed, it.id) for it in chunk],
+                                   metas=[dict(common, id=it.id, **it.meta) for it in chunk])
             completions = [decode_answer(tokenizer, t.final.tolist(), end_ids) for t in traces]
             reasons = _filter_reasons(chunk, traces, completions, end_ids, filters)
             writer.extra["seconds"] = seconds_before + time.perf_counter() - start

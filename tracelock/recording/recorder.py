@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from tracelock import states
+from tracelock.decode.settings import DecodeSettings
 from tracelock.generate import fused_generate
 from tracelock.traces.trace import NO_PROPOSAL, Trace
 
@@ -128,30 +129,57 @@ class TraceRecorder:
         return out
 
 
+class Recording:
+    """One decode setting that records traces: its settings and its policy, built once (a learned policy reads its
+    controller or filters from disk here), then `run` on each batch of prompts (`collect` runs it per chunk)."""
+
+    def __init__(self, model, *, policy="confidence", gen_length=64, block=None, window=None, policy_args=None,
+                 fraction=1.0, seed=0, keep_confidence=False, stop_at_eot=False):
+        from tracelock.api import check_named_policy
+        from tracelock.policies import make_policy, policy_args_for
+
+        check_named_policy(policy, policy_args)
+        self.model, self.fraction, self.keep_confidence = model, fraction, keep_confidence
+        built = make_policy(policy, **policy_args_for(model, policy, policy_args, gen_length))
+        self.settings = DecodeSettings(policy=built, gen_length=gen_length, block=block, window=window,
+                                       stop_at_eot=stop_at_eot, seed=seed)
+        # what each trace's meta says of its decode
+        self.meta = dict(policy=policy if isinstance(policy, str) else repr(policy), policy_args=policy_args or {},
+                         gen_length=gen_length, block=block, window=window, stop_at_eot=stop_at_eot,
+                         fraction=fraction, seed=seed, family=model.spec.family)
+
+    def run(self, prompts, *, batch_size=16, row_seeds=None, metas=None) -> list[Trace]:
+        """Decode ``prompts`` (token-id lists) in batches and return one `Trace` per prompt, in order.
+
+        Each trace's meta holds the decode settings, updated with ``metas[i]`` when given. ``row_seeds`` (one per
+        prompt) pins each prompt's step sampling whatever batch it lands in (see `TraceRecorder`).
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1")
+        for name, per_row in (("metas", metas), ("row_seeds", row_seeds)):
+            if per_row is not None and len(per_row) != len(prompts):
+                raise ValueError(f"{name} has {len(per_row)} entries for {len(prompts)} prompts; pass one per "
+                                 "prompt")
+        seed, out = self.settings.seed, []
+        for start in range(0, len(prompts), batch_size):
+            idx = range(start, min(start + batch_size, len(prompts)))
+            batch = [prompts[i] for i in idx]
+            seeds = [row_seeds[i] for i in idx] if row_seeds is not None else [[seed, i] for i in idx]
+            rec = TraceRecorder(self.model.spec, batch, self.settings.gen_length, fraction=self.fraction, seed=seed,
+                                keep_confidence=self.keep_confidence, row_seeds=seeds)
+            canvas, _ = fused_generate(self.model, batch, self.settings, observer=rec)
+            out += rec.traces(canvas, [dict(self.meta, **(metas[i] if metas else {})) for i in idx])
+        return out
+
+
 def record(model, prompts, *, policy="confidence", gen_length=64, block=None, window=None, policy_args=None,
            fraction=1.0, seed=0, keep_confidence=False, batch_size=16, stop_at_eot=False, row_seeds=None,
            metas=None) -> list[Trace]:
-    """Decode ``prompts`` (token-id lists) in batches and return one `Trace` per prompt, in order.
-
-    Each trace's meta holds the decode settings, updated with ``metas[i]`` when given. ``row_seeds`` (one per
-    prompt) pins each prompt's step sampling whatever batch it lands in (see `TraceRecorder`).
-    """
+    """Decode ``prompts`` (token-id lists) in batches and return one `Trace` per prompt, in order (one
+    `Recording`'s `Recording.run`)."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
-    for name, per_row in (("metas", metas), ("row_seeds", row_seeds)):
-        if per_row is not None and len(per_row) != len(prompts):
-            raise ValueError(f"{name} has {len(per_row)} entries for {len(prompts)} prompts; pass one per prompt")
-    settings = dict(policy=policy if isinstance(policy, str) else repr(policy), policy_args=policy_args or {},
-                    gen_length=gen_length, block=block, window=window, stop_at_eot=stop_at_eot, fraction=fraction,
-                    seed=seed, family=model.spec.family)
-    out = []
-    for start in range(0, len(prompts), batch_size):
-        idx = range(start, min(start + batch_size, len(prompts)))
-        batch = [prompts[i] for i in idx]
-        seeds = [row_seeds[i] for i in idx] if row_seeds is not None else [[seed, i] for i in idx]
-        rec = TraceRecorder(model.spec, batch, gen_length, fraction=fraction, seed=seed,
-                            keep_confidence=keep_confidence, row_seeds=seeds)
-        canvas, _ = fused_generate(model, batch, policy=policy, gen_length=gen_length, block=block, window=window,
-                                   policy_args=policy_args, stop_at_eot=stop_at_eot, seed=seed, observer=rec)
-        out += rec.traces(canvas, [dict(settings, **(metas[i] if metas else {})) for i in idx])
-    return out
+    recording = Recording(model, policy=policy, gen_length=gen_length, block=block, window=window,
+                          policy_args=policy_args, fraction=fraction, seed=seed, keep_confidence=keep_confidence,
+                          stop_at_eot=stop_at_eot)
+    return recording.run(prompts, batch_size=batch_size, row_seeds=row_seeds, metas=metas)
