@@ -185,3 +185,20 @@ def test_rl_command_end_to_end_and_resume(setup, tmp_path):
     policy = TraceLockPolicy(tmp_path / "straight", model=model)
     tracelock.fused_generate(model, random_prompts(model), policy=policy, gen_length=16, window=8)
     assert main([*common, "--out", str(tmp_path / "straight"), "--steps", "4", "--beta", "0.5"]) == 2
+
+
+def test_step_cost_prices_the_steps(setup, tmp_path):
+    """With --step-cost C each rollout's objective is its reward minus C x steps / gen-length (advantages from it);
+    a negative price is refused."""
+    from tracelock.cli import main
+
+    root, model_dir, _ = setup
+    common = ["rl", "--model", str(model_dir), "--controller", str(root / "ctrl"), "--prompts", "testbed:math",
+              "--num", "6", "--gen-length", "16", "--window", "8", "--prompts-per-step", "2", "--eta", "0.3",
+              "--steps", "2"]
+    assert main([*common, "--out", str(tmp_path / "priced"), "--step-cost", "0.5"]) in (0, None)
+    history = [json.loads(line) for line in (tmp_path / "priced" / "history.jsonl").read_text().splitlines()]
+    for h in history:
+        assert h["objective_mean"] == pytest.approx(h["reward_mean"] - 0.5 * h["avg_steps"] / 16, abs=1e-5)
+        assert h["objective_mean"] < h["reward_mean"]
+    assert main([*common, "--out", str(tmp_path / "negative"), "--step-cost", "-1"]) == 2

@@ -13,6 +13,7 @@ state (``state.json`` + weights and optimiser moments), written every ``save_eve
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -84,7 +85,7 @@ def reward_curve_png(history: list) -> bytes:
 
 def rl_train(model_path, controller, prompts: str, out, *, reward, num=None, steps=100, group_size=4,
              prompts_per_step=4, eta=0.5, eps=0.05, beta=0.01, lr=1e-5, clip=1.0, gen_length=64, window=16,
-             seed=0, save_every=10, device="cpu", progress=None) -> Path:
+             seed=0, save_every=10, device="cpu", progress=None, step_cost=0.0) -> Path:
     """Run (or resume) an RL refinement into ``out``; returns ``out``.
 
     Args:
@@ -94,24 +95,29 @@ def rl_train(model_path, controller, prompts: str, out, *, reward, num=None, ste
         group_size (int): rollouts per prompt, G. Default: 4. prompts_per_step (int): prompts per step. Default: 4.
         eta, eps (float): the sampling rule (`rescaled_probs`). beta (float): entropy bonus. Default: 0.01.
         lr, clip: AdamW learning rate and gradient-norm clip.
+        step_cost (float): the price of a step: each rollout's objective is its reward minus
+            ``step_cost * steps / gen_length``, so the refinement trades accuracy for steps at that rate (0: the
+            reward alone, the paper's). Default: 0.0.
     """
     for name, value in (("steps", steps), ("group_size", group_size), ("prompts_per_step", prompts_per_step)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive int")
     if group_size < 2:
         raise ValueError(f"group_size={group_size} must be >= 2: advantages compare rollouts within a group")
+    if isinstance(step_cost, bool) or not isinstance(step_cost, int | float) or not 0 <= step_cost < math.inf:
+        raise ValueError(f"step_cost={step_cost!r} must be a finite number >= 0 (0: the reward alone)")
     out = Path(out)
     with folder_lock(out):  # one writer per run folder
         _rl_loop(model_path, controller, prompts, out, reward=reward, num=num, steps=steps, group_size=group_size,
                  prompts_per_step=prompts_per_step, eta=eta, eps=eps, beta=beta, lr=lr, clip=clip,
                  gen_length=gen_length, window=window, seed=seed, save_every=save_every, device=device,
-                 progress=progress)
+                 progress=progress, step_cost=float(step_cost))
         remove_stale_temps(out)  # files a killed run left half-written
     return out
 
 
 def _rl_loop(model_path, controller, prompts, out: Path, *, reward, num, steps, group_size, prompts_per_step, eta, eps,
-             beta, lr, clip, gen_length, window, seed, save_every, device, progress) -> None:
+             beta, lr, clip, gen_length, window, seed, save_every, device, progress, step_cost) -> None:
     # torch and the package's training code load here, not at import: the CLI imports this module for its parser
     import torch
 
@@ -133,6 +139,8 @@ def _rl_loop(model_path, controller, prompts, out: Path, *, reward, num, steps, 
     settings = dict(model=str(model_path), controller=str(controller), prompts=prompts, num=num, group_size=group_size,
                     prompts_per_step=prompts_per_step, eta=eta, eps=eps, beta=beta, lr=lr, clip=clip,
                     gen_length=gen_length, window=window, seed=seed, steps=steps)
+    if step_cost:  # recorded only when set, so runs from before the option still resume
+        settings["step_cost"] = step_cost
     start, history = 0, []
     if (out / "state.json").exists():
         start, history = _load(out, net, opt, settings)
@@ -149,7 +157,8 @@ def _rl_loop(model_path, controller, prompts, out: Path, *, reward, num, steps, 
                                        seed=int(np.random.SeedSequence([seed, step, 1]).generate_state(1)[0]))
         texts = [decode_answer(tokenizer, row[-gen_length:].tolist(), model.spec.end_ids) for row in canvas]
         rewards = reward([EvalItem(it.id, it.prompt, it.example) for it in chosen], texts).float()
-        advantages = group_advantages(rewards, group_size)
+        objective = rewards - step_cost * torch.tensor(stats.steps, dtype=torch.float) / gen_length
+        advantages = group_advantages(objective, group_size)
         logp, entropy = policy.step_terms(len(chosen))
         loss = rl_loss(logp, entropy, advantages.to(logp.device), beta)
         opt.zero_grad(set_to_none=True)
@@ -157,7 +166,8 @@ def _rl_loop(model_path, controller, prompts, out: Path, *, reward, num, steps, 
         torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
         opt.step()
         history.append(dict(step=step + 1, reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
-                            loss=loss.item(), entropy=entropy.mean().item(), avg_steps=float(np.mean(stats.steps))))
+                            loss=loss.item(), entropy=entropy.mean().item(), avg_steps=float(np.mean(stats.steps)),
+                            objective_mean=float(objective.mean())))
         if progress:
             progress(step + 1, f"reward {rewards.mean():.3f}, loss {loss.item():.4f}, steps {np.mean(stats.steps):.1f}")
         if (step + 1) % save_every == 0 or step + 1 == steps:
@@ -199,7 +209,7 @@ def _rl(args):
     out = rl_train(args.model, args.controller, args.prompts, args.out, reward=reward, num=args.limit, steps=args.steps,
                    group_size=args.group_size, prompts_per_step=args.prompts_per_step, eta=args.eta, eps=args.eps,
                    beta=args.beta, lr=args.lr, gen_length=args.gen_length, window=args.window, seed=args.seed,
-                   save_every=args.save_every, device=args.device,
+                   save_every=args.save_every, device=args.device, step_cost=args.step_cost,
                    progress=on_step)
     bar.close()
     print(f"RL controller in {out / 'best.safetensors'}; reward curve in {out / 'reward_curve.png'}")
@@ -235,6 +245,9 @@ def add_parsers(sub):
     p.add_argument("--eps", type=float, default=0.05, help="clip of the rescaled probabilities")
     p.add_argument("--beta", type=float, default=0.01, help="entropy bonus")
     p.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate")
+    p.add_argument("--step-cost", type=float, default=0.0, metavar="C",
+                   help="price of a step: a rollout's objective is its reward minus C x steps / gen-length, so the "
+                        "refinement trades accuracy for steps at that rate (default: 0, the reward alone)")
     p.add_argument("--gen-length", type=gen_length_int, default=64, metavar="N",
                    help="tokens generated per prompt (LLaDA's gen_length), per rollout")
     p.add_argument("--window", type=gen_length_int, default=16, metavar="W",
