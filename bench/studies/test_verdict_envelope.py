@@ -58,6 +58,21 @@ def test_the_committed_verdict_reads_as_published():
     assert round(100 * result["control"]["pooled"]["all"]["gap"], 1) == -1.3
 
 
+def test_the_hold_alone_from_the_committed_verdict():
+    """The README's hold share: the held threshold alone (plain form) beats the published envelope in 7 of the shipped
+    rule's 9 winning cells (code at widths 32 and 64, LLaDA math at 128/64), loses in every 64/16 cell, and pools to
+    +8.4 points, the shipped rule's margin."""
+    folders = [ve.Path(__file__).parents[1] / "results" / f"verdict-testbed-{f}" for f in ("llada", "dream")]
+    shipped = ve.analyse(folders, resamples=200)["comparisons"]["published"]["cells"]
+    held = ve.analyse(folders, resamples=200, learned="held-threshold")
+    assert list(held["comparisons"]) == ["published"]
+    cells = held["comparisons"]["published"]["cells"]
+    wins = {k for k, r in shipped.items() if r["verdict"] == "win"}
+    assert len(wins) == 9 and len({k for k in wins if cells[k]["verdict"] == "win"}) == 7
+    assert all(r["verdict"] == "loss" for k, r in cells.items() if k.endswith("64/16"))
+    assert round(100 * held["comparisons"]["published"]["pooled"]["all"]["gap"], 1) == 8.4
+
+
 def test_the_holdout_draw_is_disjoint_from_every_earlier_one():
     from tracelock.tasks import draw
 
