@@ -92,7 +92,7 @@ class DecodeKVCache:
     def __init__(self, settings, schedule, *, rows: int, length: int, spec, dtype, tap_layout, device):
         self.mode, self.refresh_every, self.shift = settings.cache, settings.refresh_every, spec.logit_shift
         self.canvas_len, self.gen_length = length, schedule.gen_length
-        self.refresh_shift = trigger_shift(schedule.kind, settings.refresh_shift)
+        self.refresh_shift = trigger_shift(schedule.kind, settings.effective_refresh_shift)
         self.width = self._query_width(schedule.width)
         long = dict(dtype=torch.long, device=device)
         self.pointer, self.since, self.refreshes = (torch.zeros(rows, **long) for _ in range(3))

@@ -34,8 +34,8 @@ class DecodeSettings:
             A refresh is a full forward that is also a step. Default: None (every step is a full forward).
         refresh_every (int, optional): with ``cache``, also refresh a row after this many steps. Default: None.
         refresh_shift (int, optional): with ``cache`` and ``window``, refresh a row when its window's left end has
-            moved this far since the last refresh. Default: window // 2 (filled in here). Blocks refresh at every
-            block start.
+            moved this far since the last refresh. Default: window // 2 (`effective_refresh_shift`). Blocks refresh
+            at every block start.
 
     Examples::
 
@@ -71,8 +71,14 @@ class DecodeSettings:
             raise ValueError("idle_steps=True reproduces the reference release's semi-AR block artifact; "
                              "it needs block=N")
         validate_cache(self.cache, self.refresh_every, self.refresh_shift, self.schedule_kind, self.cfg_scale)
+
+    @property
+    def effective_refresh_shift(self) -> int | None:
+        """``refresh_shift``, or for a window's cache its default (`default_refresh_shift`: half a window); kept apart
+        from the field, so settings derived with another window get that window's default."""
         if self.cache is not None and self.refresh_shift is None and self.schedule_kind == "window":
-            object.__setattr__(self, "refresh_shift", default_refresh_shift(self.window))
+            return default_refresh_shift(self.window)
+        return self.refresh_shift
 
     @property
     def schedule_kind(self) -> str:
@@ -80,7 +86,8 @@ class DecodeSettings:
 
     def record(self, policy) -> dict:
         """`DecodeStats.settings`: the run's settings as every driver records them, ``policy`` as built."""
-        return dict(self.key(), policy=repr(policy), schedule=self.schedule_kind)
+        return dict(self.key(), refresh_shift=self.effective_refresh_shift, policy=repr(policy),
+                    schedule=self.schedule_kind)
 
     def key(self) -> tuple:
         """The settings by value, beside the policy (an engine cache's key)."""
