@@ -2,6 +2,7 @@
 roofline (bench/studies/gpu_step.py, bench/studies/gpu_race.py)."""
 
 import argparse
+import contextlib
 import time
 import traceback
 
@@ -76,23 +77,31 @@ def study_parser(doc: str, budget: float, out: str = "folder for the JSON (creat
     return parser
 
 
-def step_times(engine, device, warmup: int = 0, limit: int | None = None) -> dict:
-    """Step ``engine`` (its prompts admitted) until it is done, each step synced and timed: {"cached": [...],
-    "refresh": [...]} seconds by the step's kind (`DecodeEngine.last_step`), the first ``warmup`` steps untimed and at
-    most ``limit`` timed."""
-    times = {"cached": [], "refresh": []}
-    i = 0
-    while limit is None or i < warmup + limit:
+def timed_steps(engine, device, around=contextlib.nullcontext):
+    """Step ``engine`` (its prompts admitted) until it is done, each step synced, timed and run inside ``around()``
+    (a profiler, say): yields (kind, seconds, context) per step, kind "refresh" or "cached"
+    (`DecodeEngine.last_step`) and context what ``around()`` entered."""
+    while True:
         sync(device)
-        start = time.perf_counter()
-        ran = engine.step()
-        sync(device)
-        seconds = time.perf_counter() - start
+        with around() as context:
+            start = time.perf_counter()
+            ran = engine.step()
+            sync(device)
+            seconds = time.perf_counter() - start
         if not ran:
-            break
+            return
+        yield ("cached" if engine.last_step[1] == 0 else "refresh"), seconds, context
+
+
+def step_times(engine, device, warmup: int = 0, limit: int | None = None) -> dict:
+    """{"cached": [...], "refresh": [...]} seconds of `timed_steps`, the first ``warmup`` steps untimed and at most
+    ``limit`` timed."""
+    times = {"cached": [], "refresh": []}
+    for i, (kind, seconds, _) in enumerate(timed_steps(engine, device)):
         if i >= warmup:
-            times["cached" if engine.last_step[1] == 0 else "refresh"].append(seconds)
-        i += 1
+            times[kind].append(seconds)
+        if limit is not None and i + 1 >= warmup + limit:
+            break
     return times
 
 

@@ -32,7 +32,6 @@ a run cut off keeps what it measured.
 import json
 import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -46,8 +45,8 @@ from gpu_stages import (  # noqa: E402
     roofline,
     run_stage,
     study_parser,
-    sync,
     time_call,
+    timed_steps,
 )
 from profile_table import kernel_rows, kernel_table, markdown  # noqa: E402
 
@@ -77,19 +76,10 @@ def profile_stage(model, prompt, settings, device, bandwidth) -> dict:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     width = settings.get("block") or settings.get("window")
     out = {}
-    while len(out) < 2:
-        sync(device)
-        with profile(activities=activities, record_shapes=True) as prof:
-            start = time.perf_counter()
-            ran = engine.step()
-            sync(device)
-            wall = time.perf_counter() - start
-        if not ran:
-            break
-        live, refresh, cached = engine.last_step
-        kind = "refresh" if refresh else "cached"
+    for kind, wall, prof in timed_steps(engine, device, lambda: profile(activities=activities, record_shapes=True)):
         if kind in out:
             continue
+        live = engine.last_step[0]
         # the head's rows: the window's on a cached step; a refresh step scores its window rows too
         rows, what = kernel_rows(prof.events(), {"window_logits_stats_kernel": head_bytes(model, width)},
                                  model.lm_head.weight.element_size())
@@ -97,6 +87,8 @@ def profile_stage(model, prompt, settings, device, bandwidth) -> dict:
         summary.update(wall_seconds=wall, rows=what, live=live)
         summary["markdown"] = markdown(f"{kind} step", summary)
         out[kind] = summary
+        if len(out) == 2:
+            break
     del engine
     if device.type == "cuda":
         torch.cuda.empty_cache()
