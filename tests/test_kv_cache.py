@@ -69,15 +69,26 @@ def test_stale_keys_are_read_and_recomputing_every_row_refreshes_them(model):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_select_and_write_move_rows_between_caches(model):
+def test_select_and_store_move_rows_between_caches(model):
+    """A refresh of some rows (`DecodeKVCache.store`) writes exactly those rows; `select` copies rows out."""
+    from tracelock.decode.kv_cache import DecodeKVCache
+    from tracelock.decode.schedule import Schedule
+    from tracelock.decode.settings import DecodeSettings
+
     x, mask = _canvas(model)
+    B, L = x.shape
     cache = model(x, mask, store_kv=True).kv_cache
     other = model(_canvas(model, seed=1)[0], mask, store_kv=True).kv_cache
+    settings = DecodeSettings(policy="confidence", gen_length=4, block=4, cache="prefix")
+    state = DecodeKVCache(settings, Schedule(4, 4, None, False, None), rows=B, length=L, spec=model.spec,
+                          dtype=model.dtype, tap_layout=None, device=model.device)
+    state.store(torch.arange(B), cache, None)
     rows = torch.tensor([0, 2])
-    cache.write(rows, other.select(rows))
-    for mine, theirs in zip(cache.keys + cache.values, other.keys + other.values):
-        assert torch.equal(mine[rows], theirs[rows])
-    assert not torch.equal(cache.keys[0][1], other.keys[0][1])
+    state.store(rows, other.select(rows), None)
+    stored = state.rows_cache(torch.arange(B))
+    for mine, theirs, before in zip(stored.keys + stored.values, other.keys + other.values, cache.keys + cache.values):
+        assert torch.equal(mine[rows, :, :L], theirs[rows])
+        assert torch.equal(mine[1, :, :L], before[1]) and not torch.equal(mine[1, :, :L], theirs[1])
 
 
 def test_cached_step_arguments_name_the_fix(model):

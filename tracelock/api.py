@@ -104,5 +104,5 @@ def entry_settings(model, input_ids, settings, fields: dict, caller: str):
     check_decode_inputs(model, input_ids)
     check_named_policy(settings.policy, settings.policy_args)
     apply_thread_rule()
-    args = policy_args_for(model, settings.policy, settings.policy_args, settings.gen_length)
-    return settings if args is settings.policy_args else replace(settings, policy_args=args)
+    return replace(settings, policy_args=policy_args_for(model, settings.policy, settings.policy_args,
+                                                         settings.gen_length))

@@ -140,19 +140,20 @@ class DecodeKVCache:
         positions whose taps it gives (None for a policy without taps), each row padded by repeating its last
         position. ``start`` [b] is each row's pointer (a padding row may give another position), ``end`` [b] its
         commit region's right end (a prefix cache recomputes to the canvas's end), ``T`` the right end of the taps
-        the policy reads (None: all), ``width`` the query's width (None: the widest row's span)."""
+        the policy reads (None: all), ``width`` the query's width (None: the widest row's span, and the taps' the
+        widest row's span left of ``T``)."""
         L = self.canvas_len
         if self.mode == "prefix":
             end = torch.full_like(end, L)
-        if width is None:
+        fixed = width is not None
+        if not fixed:
             width = int((end - start).max()) + self.shift
-        span = torch.arange(width, device=start.device)
-        query = ((start - self.shift)[:, None] + span).minimum(end[:, None] - 1).clamp(0, L - 1)
+        query = _span(start - self.shift, end, width).clamp(0, L - 1)
         fresh = None
         if self.taps is not None:
             # taps of [pointer, min(end, T)): their output rows (shifted) are all in the query
             last = end if T is None else end.clamp(max=T)
-            fresh = (start[:, None] + span[:width - self.shift]).minimum(last[:, None] - 1).clamp(0, L - 1)
+            fresh = _span(start, last, width - self.shift if fixed else int((last - start).max())).clamp(0, L - 1)
         return query, fresh
 
     def rows_cache(self, rows) -> KVCache:
@@ -208,6 +209,11 @@ class DecodeKVCache:
             return parts[0][1:]
         return (_merge([(sub, head) for sub, head, _ in parts], len(rows)),
                 _merge([(sub, taps) for sub, _, taps in parts], len(rows)))
+
+
+def _span(start, end, width: int):
+    """[b, width] positions start.. per row, each past its row's ``end - 1`` repeating that last position."""
+    return (start[:, None] + torch.arange(width, device=start.device)).minimum(end[:, None] - 1)
 
 
 def _merge(parts, b: int):

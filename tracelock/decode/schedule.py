@@ -17,7 +17,7 @@ import torch
 from tracelock import states
 
 
-def validate_schedule(gen_length, block, window) -> None:
+def validate_schedule(gen_length, block, window, idle_steps: bool = False) -> None:
     if isinstance(gen_length, bool) or not isinstance(gen_length, int) or gen_length <= 0:
         raise ValueError(f"gen_length={gen_length!r} must be a positive int (the number of positions to generate)")
     if block is not None and window is not None:
@@ -38,6 +38,8 @@ def validate_schedule(gen_length, block, window) -> None:
                              f"generation (LLaDA asserts gen_length % block_length == 0); use block="
                              f"{' or '.join(map(str, sorted(divisors)))} (divisors of {gen_length}), gen_length="
                              f"{longer} (a multiple of {block}), or window={block} for a sliding window")
+    if idle_steps and block is None:
+        raise ValueError("idle_steps=True reproduces the reference release's semi-AR block artifact; it needs block=N")
 
 
 @dataclass
@@ -57,10 +59,7 @@ class RowCounters:
 class Schedule:
     def __init__(self, gen_length: int, block: int | None, window: int | None, idle_steps: bool,
                  skip_finished_blocks):
-        validate_schedule(gen_length, block, window)
-        if idle_steps and block is None:
-            raise ValueError("idle_steps=True reproduces the reference release's semi-AR block artifact; "
-                             "it needs block=N")
+        validate_schedule(gen_length, block, window, idle_steps)
         self.gen_length, self.block, self.window, self.idle_steps = gen_length, block, window, idle_steps
         # `ops.skip_finished_blocks`, its spec, or the engine's loop-free form of it
         self.skip_finished_blocks = skip_finished_blocks

@@ -10,6 +10,7 @@ import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
+from tracelock.cli_common import did_you_mean
 from tracelock.decode.kv_cache import default_refresh_shift, validate_cache
 from tracelock.decode.schedule import validate_schedule
 
@@ -66,10 +67,7 @@ class DecodeSettings:
             # a real number (None, a string or inf would fail deep in the loop, or decode garbage)
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
                 raise ValueError(f"{name}={value!r} must be a finite number >= 0 (0 = {zero})")
-        validate_schedule(self.gen_length, self.block, self.window)
-        if self.idle_steps and self.block is None:
-            raise ValueError("idle_steps=True reproduces the reference release's semi-AR block artifact; "
-                             "it needs block=N")
+        validate_schedule(self.gen_length, self.block, self.window, self.idle_steps)
         validate_cache(self.cache, self.refresh_every, self.refresh_shift, self.schedule_kind, self.cfg_scale)
 
     @property
@@ -100,8 +98,6 @@ FIELDS = tuple(f.name for f in fields(DecodeSettings))
 def settings_from(settings, overrides: dict, caller: str) -> DecodeSettings:
     """The run's `DecodeSettings`: ``settings`` with ``overrides`` (its fields as keywords) applied, or the
     overrides alone; an unknown keyword names the fields."""
-    from tracelock.cli_common import did_you_mean
-
     unknown = [k for k in overrides if k not in FIELDS]
     if unknown:
         raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}; the decoding settings are: "

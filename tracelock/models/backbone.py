@@ -48,11 +48,6 @@ class KVCache:
         """The cache of batch rows ``rows`` (a copy)."""
         return KVCache([k[rows] for k in self.keys], [v[rows] for v in self.values])
 
-    def write(self, rows: torch.Tensor, other: "KVCache") -> None:
-        """Replace batch rows ``rows`` with ``other``'s (a refresh of those rows), in place."""
-        for mine, theirs in zip(self.keys + self.values, other.keys + other.values):
-            mine[rows] = theirs
-
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):

@@ -177,8 +177,6 @@ def record(model, prompts, *, policy="confidence", gen_length=64, block=None, wi
            metas=None) -> list[Trace]:
     """Decode ``prompts`` (token-id lists) in batches and return one `Trace` per prompt, in order (one
     `Recording`'s `Recording.run`)."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be >= 1")
     recording = Recording(model, policy=policy, gen_length=gen_length, block=block, window=window,
                           policy_args=policy_args, fraction=fraction, seed=seed, keep_confidence=keep_confidence,
                           stop_at_eot=stop_at_eot)
