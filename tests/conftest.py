@@ -1,5 +1,6 @@
 import importlib.util
 import os
+import warnings
 from pathlib import Path
 
 # set before anything imports tracelock: @triton.jit reads TRITON_INTERPRET when a kernel is decorated
@@ -25,6 +26,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _grad_mode_restored(request):
+    """A test that leaves autograd off made every later test that trains by hand fail far from it ("element 0 of
+    tensors does not require grad": a CI run once had 29 such failures, the leaking test never named and not found
+    in three local runs). Turn it back on and name the test that left it off."""
+    yield
+    if not torch.is_grad_enabled():
+        torch.set_grad_enabled(True)
+        warnings.warn(f"{request.node.nodeid} left autograd off (torch.is_grad_enabled() was False after it); "
+                      "turned back on", pytest.PytestWarning, stacklevel=1)
 
 
 @pytest.fixture(autouse=True)

@@ -305,6 +305,30 @@ def test_fit_learns_a_separable_rule():
         fit_filter(x, y, groups, family="llada", eos_id=EOS, backbone={}, epochs=0)
 
 
+def test_training_inside_no_grad_trains_the_same_weights():
+    """A caller's torch.no_grad() (a notebook cell, an inference wrapper) does not stop the training functions."""
+    from tracelock.features import train_autoencoder
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(80, BLOCK, generator=g)
+    y, groups = (x > 0.5).float(), torch.arange(80) // 4
+    fit = dict(family="dream", eos_id=EOS, backbone={}, hidden=8, epochs=20, val_fraction=0.25)
+    torch.manual_seed(0)
+    want = fit_filter(x, y, groups, **fit).state_dict()
+    torch.manual_seed(0)
+    want_ae = train_autoencoder(x, 2, steps=10).state_dict()
+    with torch.no_grad():
+        torch.manual_seed(0)
+        got = fit_filter(x, y, groups, **fit).state_dict()
+        torch.manual_seed(0)
+        got_ae = train_autoencoder(x, 2, steps=10).state_dict()
+        assert not torch.is_grad_enabled()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=0)
+    for key in want_ae:
+        torch.testing.assert_close(got_ae[key], want_ae[key], rtol=0, atol=0)
+
+
 def test_train_l2p_cli_and_policies(tmp_path, capsys):
     from tracelock.cli import main
     from tracelock.features import fit_encoder

@@ -164,6 +164,7 @@ class AutoEncoder(_Standardised):
         return F.mse_loss(self.decoder(self.encoder(z)), z).item()
 
 
+@torch.enable_grad()  # trains whatever the caller's grad mode (inside torch.no_grad() too)
 def train_autoencoder(samples: torch.Tensor, width: int, *, hidden: int | None = None, steps: int = 500,
                       batch_size: int = 256, lr: float = 1e-3, seed: int = 0) -> AutoEncoder:
     """Fit an `AutoEncoder` on ``samples`` [n, D] (fp32, CPU or GPU) by Adam on the reconstruction MSE.

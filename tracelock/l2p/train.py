@@ -39,6 +39,7 @@ def _metrics(filt: L2PFilter, x: torch.Tensor, y: torch.Tensor, threshold: float
                 accept_precision=float(y[accepted].mean()) if accepted.any() else None)
 
 
+@torch.enable_grad()  # trains whatever the caller's grad mode (inside torch.no_grad() too)
 def fit_filter(inputs: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor, *, family: str, eos_id,
                backbone: dict, hidden: int | None = None, epochs: int = 40_000, lr: float = 3e-3,
                val_fraction: float = 0.1, seed: int = 0, log=None) -> L2PFilter:

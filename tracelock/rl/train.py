@@ -159,8 +159,9 @@ def _rl_loop(model_path, controller, prompts, out: Path, *, reward, num, steps, 
         rewards = reward([EvalItem(it.id, it.prompt, it.example) for it in chosen], texts).float()
         objective = rewards - step_cost * torch.tensor(stats.steps, dtype=torch.float) / gen_length
         advantages = group_advantages(objective, group_size)
-        logp, entropy = policy.step_terms(len(chosen))
-        loss = rl_loss(logp, entropy, advantages.to(logp.device), beta)
+        with torch.enable_grad():  # trains whatever the caller's grad mode (inside torch.no_grad() too)
+            logp, entropy = policy.step_terms(len(chosen))
+            loss = rl_loss(logp, entropy, advantages.to(logp.device), beta)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), clip)

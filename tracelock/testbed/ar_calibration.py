@@ -45,7 +45,8 @@ def train_ar(cfg: BackboneTrainConfig, progress: bool = True):
         x, region, _ = batches(step)
         for group in opt.param_groups:
             group["lr"] = _lr(cfg, step)
-        loss = ar_loss(model, x, region)
+        with torch.enable_grad():  # trains whatever the caller's grad mode (inside torch.no_grad() too)
+            loss = ar_loss(model, x, region)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -430,6 +430,7 @@ def train_backbone(cfg: BackboneTrainConfig, resume: bool = True, progress: bool
     return out
 
 
+@torch.enable_grad()  # trains whatever the caller's grad mode (inside torch.no_grad() too)
 def _train(cfg: BackboneTrainConfig, device: torch.device, resume: bool, progress: bool,
            stop_after: int | None) -> Path:
     out = Path(cfg.out)

@@ -251,6 +251,7 @@ def train(config: TrainConfig, *, cache=None, resume: bool = False) -> Path:
     return out
 
 
+@torch.enable_grad()  # trains whatever the caller's grad mode (inside torch.no_grad() too)
 def _train(config: TrainConfig, cache, resume: bool, rank: int, world: int) -> Path:
     if config.batch_size % world:
         raise ValueError(f"batch_size={config.batch_size} must be divisible by the {world} ranks")
