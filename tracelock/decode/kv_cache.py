@@ -145,15 +145,16 @@ class DecodeKVCache:
         L = self.canvas_len
         if self.mode == "prefix":
             end = torch.full_like(end, L)
-        fixed = width is not None
-        if not fixed:
-            width = int((end - start).max()) + self.shift
+        # taps of [pointer, min(end, T)): their output rows (shifted) are all in the query
+        last = None if self.taps is None else (end if T is None else end.clamp(max=T))
+        if width is None:
+            spans = (end - start).max() if last is None else torch.stack([(end - start).max(), (last - start).max()])
+            spans = spans.reshape(-1).tolist()  # one host sync for both widths
+            width, tap_width = spans[0] + self.shift, spans[-1]
+        else:
+            tap_width = width - self.shift
         query = _span(start - self.shift, end, width).clamp(0, L - 1)
-        fresh = None
-        if self.taps is not None:
-            # taps of [pointer, min(end, T)): their output rows (shifted) are all in the query
-            last = end if T is None else end.clamp(max=T)
-            fresh = _span(start, last, width - self.shift if fixed else int((last - start).max())).clamp(0, L - 1)
+        fresh = None if last is None else _span(start, last, tap_width).clamp(0, L - 1)
         return query, fresh
 
     def rows_cache(self, rows) -> KVCache:
