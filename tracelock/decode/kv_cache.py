@@ -148,9 +148,9 @@ class DecodeKVCache:
         # taps of [pointer, min(end, T)): their output rows (shifted) are all in the query
         last = None if self.taps is None else (end if T is None else end.clamp(max=T))
         if width is None:
-            spans = (end - start).max() if last is None else torch.stack([(end - start).max(), (last - start).max()])
-            spans = spans.reshape(-1).tolist()  # one host sync for both widths
-            width, tap_width = spans[0] + self.shift, spans[-1]
+            tip = end if last is None else last
+            width, tap_width = (torch.stack([end, tip]) - start).amax(dim=1).tolist()  # one host sync for both
+            width += self.shift
         else:
             tap_width = width - self.shift
         query = _span(start - self.shift, end, width).clamp(0, L - 1)
