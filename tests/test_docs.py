@@ -147,10 +147,10 @@ def _frontier_rows(start: str) -> list:
 
 @pytest.mark.parametrize(("family", "cell"), SHIPPED_RULE_CELLS)
 def test_the_shipped_rule_cells_are_recomputed_from_the_committed_records(family, cell):
-    """Each test cell of the shipped commit rule (docs/frontier.md's table and the README's, a column per task) is the
-    gap at matched steps of bench/results/verdict-testbed-<family>/variant-<cell>.json: its four points (theta 0.7,
-    0.8, 0.9, 0.95) against the verdict's heuristics (one per step at 1/2/4 tokens, Fast-dLLM's tau in each of the
-    family's forms), paired by item: all 16 cells."""
+    """Each test cell of the shipped commit rule as first published (docs/frontier.md's table) is the gap at matched
+    steps of bench/results/verdict-testbed-<family>/variant-<cell>.json: its four points (theta 0.7, 0.8, 0.9, 0.95)
+    against the verdict's heuristics (one per step at 1/2/4 tokens, Fast-dLLM's tau in each of the family's forms),
+    paired by item: all 16 cells."""
     gap, heuristics, shipped = _shipped_gap(family, f"variant-{cell}")
     forms = {"llada": {"confidence", "threshold"},
              "dream": {"confidence-score-neg-entropy", "threshold", "threshold-first-token-true-curve-fast-dllm-dream"}}
@@ -159,8 +159,50 @@ def test_the_shipped_rule_cells_are_recomputed_from_the_committed_records(family
     model = {"llada": "LLaDA", "dream": "Dream"}[family]
     rows = _frontier_rows(f"| {model} | {task} {gen}/{width} |")
     assert len(rows) == 1 and f"| {gap}" in rows[0].replace("**", ""), (gap, rows)
-    row = next(line for line in README.read_text().splitlines() if line.startswith(f"| {model} | {gen}/{width} | "))
-    assert row.split(" | ")[2 if task == "math" else 3].replace("**", "").startswith(gap), (gap, row)
+
+
+@pytest.fixture(scope="module")
+def filled_verdict(tmp_path_factory) -> dict:
+    """`bench/studies/verdict_envelope.py` on the committed verdict folders (2,000 resamples, as the docs print it):
+    {"whole": every point, "narrow": the shipped rule at theta 0.7-0.95 only}."""
+    import json
+
+    out = {}
+    folders = [str(ROOT / "bench" / "results" / f"verdict-testbed-{f}") for f in ("llada", "dream")]
+    for name, extra in (("whole", []), ("narrow", ["--knobs", "0.7", "0.95"])):
+        path = tmp_path_factory.mktemp("verdict") / f"{name}.json"
+        done = subprocess.run([sys.executable, str(ROOT / "bench" / "studies" / "verdict_envelope.py"), *folders,
+                               "--out", str(path), *extra], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        out[name] = json.loads(path.read_text())["comparisons"]
+    return out
+
+
+def _gap_cell(row: dict) -> str:
+    lo, hi = row["interval"]
+    text = f"{100 * row['gap']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+    return f"**{text}**" if row["verdict"] == "win" else text
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_the_filled_verdict_tables_are_recomputed_from_the_committed_records(filled_verdict, family):
+    """The README's table (published / strongest per task) and docs/frontier.md's filled table (published, control,
+    strongest, strongest at theta 0.7-0.95, each with its plain and Holm verdicts) are what verdict_envelope.py reads
+    from the committed records: all 16 cells."""
+    whole, narrow = filled_verdict["whole"], filled_verdict["narrow"]
+    model = {"llada": "LLaDA", "dream": "Dream"}[family]
+    readme = README.read_text().splitlines()
+    for setting in ("64/16", "64/32", "128/32", "128/64"):
+        row = next(line for line in readme if line.startswith(f"| {model} | {setting} | ")).split(" | ")
+        for column, task in ((2, "math"), (3, "code")):
+            key = f"{family} {task} {setting}"
+            assert row[column] == f"{_gap_cell(whole['published']['cells'][key])} / " \
+                                  f"{_gap_cell(whole['strongest']['cells'][key])}", (key, row)
+            cells = [whole[c]["cells"][key] for c in ("published", "control", "strongest")]
+            cells.append(narrow["strongest"]["cells"][key])
+            said = [r["verdict"] if r["verdict"] == r["holm"] else f"{r['verdict']}, Holm {r['holm']}" for r in cells]
+            want = " | ".join(f"{_gap_cell(r)}: {v}" for r, v in zip(cells, said, strict=True))
+            assert _frontier_rows(f"| {model} | {task} {setting} (filled) | {want} |"), (key, want)
 
 
 CONTROL_CELLS = sorted(p.stem.replace("control-", "") + "@" + p.parent.name.split("-")[-1]

@@ -15,6 +15,7 @@ def test_curves_kinds_and_holm():
     assert ve.kind_of("frechet-first-token-true") == "heuristic" and ve.kind_of("factor-hold-end-true") == "held"
     assert ve.kind_of("tracelock-hold-end-true-fallback-confidence") == "shipped"
     assert ve.kind_of("tracelock-controller-x-curve-tracelock-st") == "paper" and ve.kind_of("l2p") == "other"
+    assert ve.knob_of("v-64-16/tracelock-theta-0.85-hold-end-true") == 0.85 and ve.knob_of("64-16/l2p") is None
     # Holm at 0.10 over 4: 0.01 <= 0.025, 0.03 <= 0.033, then 0.055 > 0.05 stops (0.06 <= 0.10 is never reached)
     assert ve.holm({"a": 0.01, "b": 0.03, "c": 0.06, "d": 0.055}) == {"a", "b"}
     assert ve.holm({"a": 0.01, "b": 0.03, "c": 0.06, "d": 0.04}) == {"a", "b", "c", "d"}
@@ -48,21 +49,51 @@ def test_a_clear_lead_wins_a_clear_lag_loses(tmp_path):
     assert abs(result["pooled"]["all"]["gap"]) < 0.05 and result["tally"] == {"win": 1, "tie": 0, "loss": 1}
 
 
-def test_the_committed_verdict_reads_as_published():
-    """The README's tallies from the committed records: 9 wins, 5 ties, 2 losses against the published heuristics;
-    2, 11, 3 with the held threshold in the envelope, pooled -1.3 points."""
-    folders = [ve.Path(__file__).parents[1] / "results" / f"verdict-testbed-{f}" for f in ("llada", "dream")]
+RESULTS = ve.Path(__file__).parents[1] / "results"
+
+
+def _as_published(tmp_path) -> list:
+    """The verdict's folders as they were published, before the fill: every record file but ``envelope-*``."""
+    folders = []
+    for family in ("llada", "dream"):
+        folder = tmp_path / f"verdict-testbed-{family}"
+        folder.mkdir()
+        for f in (RESULTS / folder.name).glob("*.json"):
+            if not f.name.startswith("envelope-"):
+                (folder / f.name).write_bytes(f.read_bytes())
+        folders.append(folder)
+    return folders
+
+
+def test_the_filled_verdict_reads_as_the_docs_say():
+    """The README's tallies from the committed records, every cell filled up to the frozen protocol's grid: against
+    the published heuristics 5 wins, 2 ties, 9 losses, pooled +1.2 points; with the held threshold 3, 3, 10, pooled
+    -4.4; against every heuristic (factor and Fréchet included) 1, 3, 12, pooled -6.0."""
+    folders = [RESULTS / f"verdict-testbed-{f}" for f in ("llada", "dream")]
     result = ve.analyse(folders, resamples=200)["comparisons"]
+    tallies = {k: tuple(result[k]["tally"][v] for v in ("win", "tie", "loss")) for k in ve.COMPARISONS}
+    assert tallies == {"published": (5, 2, 9), "control": (3, 3, 10), "strongest": (1, 3, 12)}
+    pooled = {k: round(100 * result[k]["pooled"]["all"]["gap"], 1) for k in ve.COMPARISONS}
+    assert pooled == {"published": 1.2, "control": -4.4, "strongest": -6.0}
+    # the shipped rule at the theta points the verdict first read (0.7-0.95): the low-step points cost the most
+    narrow = ve.analyse(folders, resamples=200, knobs=(0.7, 0.95))["comparisons"]["strongest"]
+    assert narrow["tally"] == {"win": 2, "tie": 8, "loss": 6} and round(100 * narrow["pooled"]["all"]["gap"], 1) == -2.0
+
+
+def test_the_verdict_as_published_before_the_fill(tmp_path):
+    """docs/frontier.md's first reading, on the records as they stood before the fill: 9 wins, 5 ties, 2 losses
+    against the published heuristics; 2, 11, 3 with the held threshold in the envelope, pooled -1.3 points."""
+    result = ve.analyse(_as_published(tmp_path), resamples=200)["comparisons"]
     assert result["published"]["tally"] == {"win": 9, "tie": 5, "loss": 2}
     assert result["control"]["tally"] == {"win": 2, "tie": 11, "loss": 3}
     assert round(100 * result["control"]["pooled"]["all"]["gap"], 1) == -1.3
 
 
-def test_the_hold_alone_from_the_committed_verdict():
-    """The README's hold share: the held threshold alone (plain form) beats the published envelope in 7 of the shipped
-    rule's 9 winning cells (code at widths 32 and 64, LLaDA math at 128/64), loses in every 64/16 cell, and pools to
-    +8.4 points, the shipped rule's margin."""
-    folders = [ve.Path(__file__).parents[1] / "results" / f"verdict-testbed-{f}" for f in ("llada", "dream")]
+def test_the_hold_alone_from_the_verdict_as_published(tmp_path):
+    """The hold's share (docs/frontier.md), before the fill: the held threshold alone (plain form) beats the
+    published envelope in 7 of the shipped rule's 9 winning cells (code at widths 32 and 64, LLaDA math at 128/64),
+    loses in every 64/16 cell, and pools to +8.4 points, the shipped rule's margin."""
+    folders = _as_published(tmp_path)
     shipped = ve.analyse(folders, resamples=200)["comparisons"]["published"]["cells"]
     held = ve.analyse(folders, resamples=200, learned="held-threshold")
     assert list(held["comparisons"]) == ["published"]

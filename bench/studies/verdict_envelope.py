@@ -139,13 +139,24 @@ def holm(pvalues: dict, alpha: float = 0.10) -> set:
     return rejected
 
 
-def analyse(folders: list, *, resamples: int = 2000, seed: int = 0, learned: str = "shipped") -> dict:
+def knob_of(point: str) -> float | None:
+    """A point's knob value (its ``tau``, ``f``, ``theta``, ...); None when it has none."""
+    m = KNOB.search(point.split("/", 1)[1])
+    return float(m.group(0).rsplit("-", 1)[1]) if m else None
+
+
+def analyse(folders: list, *, resamples: int = 2000, seed: int = 0, learned: str = "shipped",
+            knobs: tuple | None = None) -> dict:
     """Every comparison in every cell of ``folders``: gap, 90% interval, P(gap > 0), p-value, plain and Holm verdicts,
-    the envelope's members; pooled over all cells, math and code, with intervals."""
+    the envelope's members; pooled over all cells, math and code, with intervals. ``knobs`` (lo, hi) keeps only the
+    judged curve's points whose knob lies in [lo, hi] (the shipped rule at the theta points a reading first had)."""
     cells = {}
     for folder in folders:
         for (task, setting), cell in load_cells(folder).items():
             family = "dream" if "dream" in Path(folder).name else "llada"
+            if knobs is not None:
+                cell["points"] = {k: v for k, v in cell["points"].items()
+                                  if not judged(curve_of(k), learned) or knobs[0] <= knob_of(k) <= knobs[1]}
             cells[(family, task, setting)] = build_curves(cell)
     ids_of = {}
     for folder in folders:
@@ -222,8 +233,11 @@ def main(argv=None) -> int:
     p.add_argument("--learned", default="shipped", choices=["shipped", "paper", "held-threshold"],
                    help="the curve judged: TraceLock's shipped rule (default), the paper's, or the held threshold "
                         "alone against the published envelope (the hold's share)")
+    p.add_argument("--knobs", nargs=2, type=float, metavar=("LO", "HI"),
+                   help="judge only the points of the learned curve whose knob (theta) lies in [LO, HI]")
     args = p.parse_args(argv)
-    result = analyse(args.folders, resamples=args.resamples, learned=args.learned)
+    result = analyse(args.folders, resamples=args.resamples, learned=args.learned,
+                     knobs=tuple(args.knobs) if args.knobs else None)
     if args.out:
         from tracelock.atomic import atomic_write_json
 

@@ -1,7 +1,9 @@
 """The picture of a verdict folder's judged cells (those with a learned curve), from its frontier.json and
 records.json, with the shipped commit rule's points of each cell beside them where the folder holds them
 (variant-<task>-<setting>.json, `bench/studies/matched_runs.py --records`), and the threshold with the same end-of-text
-hold where it holds that control (control-<task>-<setting>.json):
+hold where it holds that control (control-<task>-<setting>.json), and the fill up to the hold-out protocol's grid
+where it holds that (envelope-<task>-<setting>.json: the shipped rule's other theta points, the held threshold's other
+tau points, the factor and Fréchet rules with the hold):
 
     python bench/studies/verdict_figure.py bench/results/verdict-testbed-llada docs/verdict.png
 """
@@ -16,6 +18,12 @@ from tracelock.eval.matched import recompute_matched
 
 SHIPPED = "TraceLock-ST, shipped rule"
 HELD = "threshold, hold_end"
+FILL = {"factor-": "factor, hold_end", "frechet-delta": "Fréchet, hold_end"}  # the fill's strongest rules, held
+
+
+def policy(point: str) -> str:
+    """A record point's policy slug (its name without the run's folder)."""
+    return point.split("/", 1)[1]
 
 
 def points_of(records: Path, keep) -> list:
@@ -42,5 +50,13 @@ for task, cells in judged.items():
                                              lambda name: name.split("/", 1)[1].startswith("tracelock"))
         if (folder / f"control-{cell}.json").exists():  # the control: the threshold with the same end-of-text hold
             d["curves"][HELD] = points_of(folder / f"control-{cell}.json", lambda name: name.startswith("held"))
+        fill = folder / f"envelope-{cell}.json"
+        if fill.exists():
+            d["curves"].setdefault(SHIPPED, []).extend(points_of(fill, lambda n: policy(n).startswith("tracelock")))
+            d["curves"].setdefault(HELD, []).extend(
+                points_of(fill, lambda n: policy(n).startswith("threshold") and policy(n).endswith("hold-end-true")))
+            for prefix, label in FILL.items():  # Fréchet's plain held form: the family-wide one, on Dream too
+                d["curves"][label] = points_of(fill, lambda n, p=prefix: policy(n).startswith(p)
+                                               and policy(n).endswith("-hold-end-true") and "first-token" not in n)
 figure = frontier_figure(dict(result, tasks={t: cells for t, cells in judged.items() if cells}))
 atomic_write(png, lambda path: Path(path).write_bytes(figure))  # a killed run leaves the old picture whole
