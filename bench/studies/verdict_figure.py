@@ -47,7 +47,7 @@ for task, cells in judged.items():
             # the frontier's TraceLock-ST curve is the paper's rule (the verdict); the shipped rule's points join it
             d["curves"] = {(f"{k}, paper's rule" if k == "TraceLock-ST" else k): v for k, v in d["curves"].items()}
             d["curves"][SHIPPED] = points_of(folder / f"variant-{cell}.json",
-                                             lambda name: name.split("/", 1)[1].startswith("tracelock"))
+                                             lambda name: policy(name).startswith("tracelock"))
         if (folder / f"control-{cell}.json").exists():  # the control: the threshold with the same end-of-text hold
             d["curves"][HELD] = points_of(folder / f"control-{cell}.json", lambda name: name.startswith("held"))
         fill = folder / f"envelope-{cell}.json"
