@@ -104,6 +104,20 @@ def test_the_hold_alone_from_the_verdict_as_published(tmp_path):
     assert round(100 * held["comparisons"]["published"]["pooled"]["all"]["gap"], 1) == 8.4
 
 
+def test_the_hold_alone_with_the_fill_picks_the_readmes_rule():
+    """The README's "which rule", from the filled records: the held threshold alone against the published envelope
+    wins on Dream code at widths 32 and 64 and on LLaDA math 128/64, loses in every 64/16 cell and on LLaDA math
+    64/32 and 128/32 (where the plain rule ships), and pools to +4.4 points."""
+    folders = [RESULTS / f"verdict-testbed-{f}" for f in ("llada", "dream")]
+    held = ve.analyse(folders, resamples=200, learned="held-threshold")["comparisons"]["published"]
+    verdicts = {k: r["verdict"] for k, r in held["cells"].items()}
+    wins = {"dream code 64/32", "dream code 128/32", "dream code 128/64", "llada math 128/64"}
+    losses = {f"{f} {t} 64/16" for f in ("llada", "dream") for t in ("math", "code")}
+    losses |= {"llada math 64/32", "llada math 128/32"}
+    assert {k for k in wins | losses if verdicts[k] != ("win" if k in wins else "loss")} == set()
+    assert round(100 * held["pooled"]["all"]["gap"], 1) == 4.4
+
+
 def test_the_holdout_draw_is_disjoint_from_every_earlier_one():
     from tracelock.tasks import draw
 
