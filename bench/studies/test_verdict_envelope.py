@@ -114,7 +114,8 @@ def test_the_hold_alone_with_the_fill_picks_the_readmes_rule():
     wins = {"dream code 64/32", "dream code 128/32", "dream code 128/64", "llada math 128/64"}
     losses = {f"{f} {t} 64/16" for f in ("llada", "dream") for t in ("math", "code")}
     losses |= {"llada math 64/32", "llada math 128/32"}
-    assert {k for k in wins | losses if verdicts[k] != ("win" if k in wins else "loss")} == set()
+    expected = {**dict.fromkeys(wins, "win"), **dict.fromkeys(losses, "loss")}
+    assert {k: verdicts[k] for k in expected} == expected
     assert round(100 * held["pooled"]["all"]["gap"], 1) == 4.4
 
 
