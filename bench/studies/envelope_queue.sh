@@ -8,8 +8,10 @@
 #   WORK=/path/to/runs nohup bash bench/studies/envelope_queue.sh > queue-a.log 2>&1 &
 #   WORK=/path/to/runs nohup bash bench/studies/envelope_queue.sh > queue-b.log 2>&1 &
 #
-# A job's claim is $WORK/claims/<job>; its end $WORK/done/<job>. To resume after a crash, remove the claims of the
-# jobs not done (ls $WORK/claims $WORK/done).
+# A job's claim is $WORK/claims/<job>; its end $WORK/done/<job>. A verdict job is one process's; a hold-out cell
+# claimed by another process is joined (holdout.py's decode_shared splits its policies), so the processes finish the
+# earliest cells first. To resume after a crash, remove the claims of the verdict jobs not done (ls $WORK/claims
+# $WORK/done); a hold-out cell's claim is simply joined again. The time in done/<job> is one process's wall clock.
 set -u
 cd "$(dirname "$0")/../.."
 : "${WORK:?set WORK to a folder for the run folders}"
@@ -34,8 +36,13 @@ jobs() {
 jobs | while read -r kind family task setting; do
   name="$kind-$family-$task-${setting/\//-}"
   [ -e "$WORK/done/$name" ] && continue
-  mkdir "$WORK/claims/$name" 2>/dev/null || continue
-  echo "$(date -Is) start $name"
+  if mkdir "$WORK/claims/$name" 2>/dev/null; then
+    echo "$(date -Is) start $name"
+  elif [ "$kind" = holdout ]; then  # a hold-out cell is shared: this process takes the policies no other one holds
+    echo "$(date -Is) join $name"
+  else
+    continue
+  fi
   start=$(date +%s)
   if [ "$kind" = verdict ]; then
     $PY bench/studies/envelope_runs.py run --family "$family" --task "$task" --setting "$setting" --work "$WORK/verdict" &&

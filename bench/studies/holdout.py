@@ -12,6 +12,7 @@ Three steps, each a subcommand:
   every policy spec per family and generation length, the controllers, the analysis). It refuses to start unless
   the protocol and the items file are committed and unchanged in git, and records the commit it ran from. Per-item
   records are appended as batches finish (`tracelock.eval.runner`), so a killed run resumes where it stopped.
+  Several processes may run the same cell: each takes the policies no other one holds (`decode_shared`).
 - ``records``: the compact per-item records of a finished cell, ``<out>/holdout-testbed-<family>/holdout-<task>-<G>-
   <W>.json``, for `bench/studies/verdict_envelope.py` (the same format as the verdict's records).
 
@@ -106,11 +107,38 @@ def run(family: str, task: str, setting: str, work: Path, batch_size: int, worke
                                             torch=torch.__version__), indent=1))
     model, tokenizer = load_model(fam["model"]), load_tokenizer(fam["model"])
     policies = [p for spec in cell_specs(protocol, family, setting) for p in parse_policies(spec)]
-    for policy in policies:
+
+    def decode(policy):
         _decode_policy(model, tokenizer, scorer, items, policy, s, folder / policy.slug, rank=0,
                        batch_size=batch_size, seed=0, schedule="auto", controller=fam["controller"],
                        first_folder=folder / policies[0].slug, workers=workers)
         print(f"{family} {task} {setting} {policy.label}: done", flush=True)
+
+    decode_shared(policies, lambda policy: folder / policy.slug, decode)
+
+
+def decode_shared(policies: list, folder_of, decode, poll: float = 5.0) -> None:
+    """``decode(policy)`` for every policy, while other processes may run the same cell: each holds a lock on the
+    policy's folder while it decodes, and a policy whose folder another process holds is left for later, so two
+    processes leapfrog through one cell instead of one idling. Returns once every policy went through ``decode``
+    here, which skips the items already done (so a policy another process finished costs a read)."""
+    import contextlib
+    import time
+
+    from tracelock.atomic import FolderBusyError, folder_lock
+
+    pending = list(policies)
+    while pending:
+        for policy in list(pending):
+            with contextlib.ExitStack() as held:
+                try:
+                    held.enter_context(folder_lock(folder_of(policy), "holdout-lock"))
+                except FolderBusyError:
+                    continue  # another process is on it: come back once it is done
+                decode(policy)
+            pending.remove(policy)
+        if pending:
+            time.sleep(poll)
 
 
 def records(family: str, task: str, setting: str, work: Path, out: Path) -> Path:

@@ -141,3 +141,53 @@ def test_the_frozen_protocol_builds():
             specs = [p for s in holdout.cell_specs(protocol, family, setting) for p in parse_policies(s)]
             check_policies(specs, parse_settings(setting), "auto", controller=fam["controller"], l2p=None)
             assert sum(ve.kind_of(ve.curve_of(f"x/{p.slug}")) == "shipped" for p in specs) == 12
+
+
+def test_two_processes_share_a_holdout_cell_and_decode_each_policy_once(tmp_path):
+    """Two real processes on one cell: the second finds the first policy held (the first process waits there until
+    both are up), takes the next one, and between them every policy is decoded exactly once."""
+    import subprocess
+    import sys
+    import textwrap
+    import time
+    from pathlib import Path
+
+    code = textwrap.dedent(f"""
+        import os, sys, time
+        from pathlib import Path
+        sys.path.insert(0, {str(Path(holdout.__file__).parent)!r})
+        import holdout
+        work = Path({str(tmp_path)!r})
+        (work / f"up-{{os.getpid()}}").touch()
+
+        def decode(policy):
+            done = work / policy / "done"
+            if done.exists():  # the runner's own skip of items already decoded
+                return
+            deadline = time.monotonic() + 60
+            while len(list(work.glob("up-*"))) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with open(work / "log", "a") as f:
+                f.write(f"{{os.getpid()}} {{policy}}\\n")
+            time.sleep(0.3)
+            done.write_text("")
+
+        holdout.decode_shared([f"p{{i}}" for i in range(6)], lambda policy: work / policy, decode, poll=0.05)
+    """)
+    first = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "p0" / ".holdout-lock").exists():  # the first process holds p0
+            assert first.poll() is None and time.monotonic() < deadline, "the first process never took p0"
+            time.sleep(0.05)
+        second = subprocess.Popen([sys.executable, "-c", code])
+        assert second.wait(timeout=120) == 0
+    finally:
+        assert first.wait(timeout=120) == 0
+    lines = [line.split() for line in (tmp_path / "log").read_text().splitlines()]
+    assert sorted(policy for _, policy in lines) == [f"p{i}" for i in range(6)]  # each once, none lost
+    by_pid = {}
+    for pid, policy in lines:
+        by_pid.setdefault(pid, []).append(policy)
+    assert len(by_pid) == 2 and by_pid[str(first.pid)][0] == "p0" and by_pid[str(second.pid)][0] == "p1"
+    assert not list(tmp_path.glob("p*/.holdout-lock"))  # each lock is gone on a clean exit
