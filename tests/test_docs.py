@@ -205,6 +205,50 @@ def test_the_filled_verdict_tables_are_recomputed_from_the_committed_records(fil
             assert _frontier_rows(f"| {model} | {task} {setting} (filled) | {want} |"), (key, want)
 
 
+@pytest.fixture(scope="module")
+def holdout_reading(tmp_path_factory) -> dict:
+    """`bench/studies/verdict_envelope.py` on the committed hold-out folders: {"whole": the protocol's reading (the
+    committed bench/results/holdout-envelope.json, which it must reproduce), "narrow": theta 0.7-0.95 only}."""
+    import json
+
+    out = {}
+    folders = [str(ROOT / "bench" / "results" / f"holdout-testbed-{f}") for f in ("llada", "dream")]
+    for name, extra in (("whole", []), ("narrow", ["--knobs", "0.7", "0.95"])):
+        path = tmp_path_factory.mktemp("holdout") / f"{name}.json"
+        done = subprocess.run([sys.executable, str(ROOT / "bench" / "studies" / "verdict_envelope.py"), *folders,
+                               "--resamples", "2000", "--out", str(path), *extra],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        out[name] = json.loads(path.read_text())
+    committed = json.loads((ROOT / "bench" / "results" / "holdout-envelope.json").read_text())
+    assert out["whole"] == committed
+    return {k: v["comparisons"] for k, v in out.items()}
+
+
+def test_the_holdout_table_is_recomputed_from_the_committed_records(holdout_reading):
+    """docs/frontier.md's hold-out table (published, control, strongest, strongest at theta 0.7-0.95, plain and Holm
+    verdicts; tallies and pooled gaps) is what verdict_envelope.py reads from the committed hold-out records."""
+    whole, narrow = holdout_reading["whole"], holdout_reading["narrow"]
+    columns = [whole[c] for c in ("published", "control", "strongest")] + [narrow["strongest"]]
+    for family, model in (("llada", "LLaDA"), ("dream", "Dream")):
+        for setting in ("64/16", "64/32", "128/32", "128/64"):
+            for task in ("math", "code"):
+                cells = [c["cells"][f"{family} {task} {setting}"] for c in columns]
+                said = [r["verdict"] if r["verdict"] == r["holm"] else f"{r['verdict']}, Holm {r['holm']}"
+                        for r in cells]
+                want = " | ".join(f"{_gap_cell(r)}: {v}" for r, v in zip(cells, said, strict=True))
+                assert _frontier_rows(f"| {model} | {task} {setting} (hold-out) | {want} |"), (setting, task, want)
+
+    def tally(c):
+        t, h = c["tally"], c["tally_holm"]
+        return f"{t['win']}, {t['tie']}, {t['loss']} ({h['win']}, {h['tie']}, {h['loss']})"
+
+    assert _frontier_rows("| all | wins, ties, losses (Holm) | " + " | ".join(map(tally, columns)) + " |")
+    for group in ("all", "math", "code", "llada", "dream"):
+        gaps = " | ".join(_gap_cell({**c["pooled"][group], "verdict": ""}) for c in columns)
+        assert _frontier_rows(f"| pooled | {group} | {gaps} |"), (group, gaps)
+
+
 CONTROL_CELLS = sorted(p.stem.replace("control-", "") + "@" + p.parent.name.split("-")[-1]
                        for p in (ROOT / "bench" / "results").glob("verdict-testbed-*/control-*.json"))
 

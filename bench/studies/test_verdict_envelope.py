@@ -80,6 +80,28 @@ def test_the_filled_verdict_reads_as_the_docs_say():
     assert narrow["tally"] == {"win": 2, "tie": 8, "loss": 6} and round(100 * narrow["pooled"]["all"]["gap"], 1) == -2.0
 
 
+def test_the_holdout_reads_as_the_docs_say():
+    """The clean hold-out, read once by the frozen protocol's analysis (2,000 resamples): the committed
+    holdout-envelope.json is what the committed records give, and against the strongest envelope the shipped rule
+    has 0 wins, 5 ties, 11 losses (Holm the same), pooled -4.8 points: the protocol's goal (at least 8 wins, no
+    loss, the pooled interval above zero) is not met."""
+    folders = [RESULTS / f"holdout-testbed-{f}" for f in ("llada", "dream")]
+    result = json.loads(json.dumps(ve.analyse(folders, resamples=2000)))
+    assert result == json.loads((RESULTS / "holdout-envelope.json").read_text())
+    comparisons = result["comparisons"]
+    tallies = {k: tuple(comparisons[k]["tally"][v] for v in ("win", "tie", "loss")) for k in ve.COMPARISONS}
+    assert tallies == {"published": (8, 3, 5), "control": (4, 3, 9), "strongest": (0, 5, 11)}
+    assert comparisons["strongest"]["tally_holm"] == {"win": 0, "tie": 5, "loss": 11}
+    pooled = {k: round(100 * comparisons[k]["pooled"]["all"]["gap"], 1) for k in ve.COMPARISONS}
+    assert pooled == {"published": 3.6, "control": -2.7, "strongest": -4.8}
+    protocol = json.loads((RESULTS / "holdout" / "protocol.json").read_text())
+    assert "at least 8 of the 16 cells" in protocol["goal"]
+    strongest = comparisons["strongest"]
+    met = (strongest["tally"]["win"] >= 8 and strongest["tally"]["loss"] == 0
+           and strongest["pooled"]["all"]["interval"][0] > 0)
+    assert not met
+
+
 def test_the_verdict_as_published_before_the_fill(tmp_path):
     """docs/frontier.md's first reading, on the records as they stood before the fill: 9 wins, 5 ties, 2 losses
     against the published heuristics; 2, 11, 3 with the held threshold in the envelope, pooled -1.3 points."""
