@@ -161,22 +161,28 @@ def test_the_shipped_rule_cells_are_recomputed_from_the_committed_records(family
     assert len(rows) == 1 and f"| {gap}" in rows[0].replace("**", ""), (gap, rows)
 
 
-@pytest.fixture(scope="module")
-def filled_verdict(tmp_path_factory) -> dict:
-    """`bench/studies/verdict_envelope.py` on the committed verdict folders (2,000 resamples, as the docs print it):
-    {"whole": every point, "narrow": the shipped rule at theta 0.7-0.95 only}."""
+def _envelope_readings(tmp_path, prefix: str) -> dict:
+    """`bench/studies/verdict_envelope.py` (2,000 resamples, as the docs print it) on the committed
+    bench/results/<prefix>-testbed-<family>/ folders: {"whole": every point, "narrow": the shipped rule at theta
+    0.7-0.95 only}, each the script's whole JSON."""
     import json
 
     out = {}
-    folders = [str(ROOT / "bench" / "results" / f"verdict-testbed-{f}") for f in ("llada", "dream")]
+    folders = [str(ROOT / "bench" / "results" / f"{prefix}-testbed-{f}") for f in ("llada", "dream")]
     for name, extra in (("whole", []), ("narrow", ["--knobs", "0.7", "0.95"])):
-        path = tmp_path_factory.mktemp("verdict") / f"{name}.json"
+        path = tmp_path / f"{prefix}-{name}.json"
         done = subprocess.run([sys.executable, str(ROOT / "bench" / "studies" / "verdict_envelope.py"), *folders,
-                               "--out", str(path), *extra], capture_output=True, text=True, timeout=600)
+                               "--resamples", "2000", "--out", str(path), *extra],
+                              capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr
-        out[name] = json.loads(path.read_text())["comparisons"]
+        out[name] = json.loads(path.read_text())
     return out
 
+
+@pytest.fixture(scope="module")
+def filled_verdict(tmp_path_factory) -> dict:
+    readings = _envelope_readings(tmp_path_factory.mktemp("verdict"), "verdict")
+    return {k: v["comparisons"] for k, v in readings.items()}
 
 def _gap_cell(row: dict) -> str:
     lo, hi = row["interval"]
@@ -207,23 +213,13 @@ def test_the_filled_verdict_tables_are_recomputed_from_the_committed_records(fil
 
 @pytest.fixture(scope="module")
 def holdout_reading(tmp_path_factory) -> dict:
-    """`bench/studies/verdict_envelope.py` on the committed hold-out folders: {"whole": the protocol's reading (the
-    committed bench/results/holdout-envelope.json, which it must reproduce), "narrow": theta 0.7-0.95 only}."""
+    """The hold-out's readings; the protocol's ("whole") must reproduce the committed
+    bench/results/holdout-envelope.json."""
     import json
 
-    out = {}
-    folders = [str(ROOT / "bench" / "results" / f"holdout-testbed-{f}") for f in ("llada", "dream")]
-    for name, extra in (("whole", []), ("narrow", ["--knobs", "0.7", "0.95"])):
-        path = tmp_path_factory.mktemp("holdout") / f"{name}.json"
-        done = subprocess.run([sys.executable, str(ROOT / "bench" / "studies" / "verdict_envelope.py"), *folders,
-                               "--resamples", "2000", "--out", str(path), *extra],
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr
-        out[name] = json.loads(path.read_text())
-    committed = json.loads((ROOT / "bench" / "results" / "holdout-envelope.json").read_text())
-    assert out["whole"] == committed
-    return {k: v["comparisons"] for k, v in out.items()}
-
+    readings = _envelope_readings(tmp_path_factory.mktemp("holdout"), "holdout")
+    assert readings["whole"] == json.loads((ROOT / "bench" / "results" / "holdout-envelope.json").read_text())
+    return {k: v["comparisons"] for k, v in readings.items()}
 
 def test_the_holdout_table_is_recomputed_from_the_committed_records(holdout_reading):
     """docs/frontier.md's hold-out table (published, control, strongest, strongest at theta 0.7-0.95, plain and Holm
