@@ -86,6 +86,7 @@ def cell_specs(protocol: dict, family: str, setting: str) -> list:
 def run(family: str, task: str, setting: str, work: Path, batch_size: int, workers: int) -> None:
     import torch
 
+    from tracelock.atomic import atomic_write_json
     from tracelock.eval.runner import _decode_policy, parse_policies, parse_settings
     from tracelock.eval.tasks import EvalItem, make_task
     from tracelock.models import load_model, load_tokenizer
@@ -102,9 +103,9 @@ def run(family: str, task: str, setting: str, work: Path, batch_size: int, worke
     folder = work / family / f"{task}-{s.slug}"
     folder.mkdir(parents=True, exist_ok=True)
     manifest = folder / "manifest.json"
-    if not manifest.exists():
-        manifest.write_text(json.dumps(dict(frozen=frozen, family=family, task=task, setting=setting,
-                                            torch=torch.__version__), indent=1))
+    if not manifest.exists():  # two processes joining a cell at once both write it, each whole (atomic)
+        atomic_write_json(manifest, dict(frozen=frozen, family=family, task=task, setting=setting,
+                                         torch=torch.__version__))
     model, tokenizer = load_model(fam["model"]), load_tokenizer(fam["model"])
     policies = [p for spec in cell_specs(protocol, family, setting) for p in parse_policies(spec)]
 
