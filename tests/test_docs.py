@@ -184,6 +184,7 @@ def filled_verdict(tmp_path_factory) -> dict:
     readings = _envelope_readings(tmp_path_factory.mktemp("verdict"), "verdict")
     return {k: v["comparisons"] for k, v in readings.items()}
 
+
 def _gap_cell(row: dict) -> str:
     lo, hi = row["interval"]
     text = f"{100 * row['gap']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
@@ -220,6 +221,7 @@ def holdout_reading(tmp_path_factory) -> dict:
     readings = _envelope_readings(tmp_path_factory.mktemp("holdout"), "holdout")
     assert readings["whole"] == json.loads((ROOT / "bench" / "results" / "holdout-envelope.json").read_text())
     return {k: v["comparisons"] for k, v in readings.items()}
+
 
 def test_the_holdout_table_is_recomputed_from_the_committed_records(holdout_reading):
     """docs/frontier.md's hold-out table (published, control, strongest, strongest at theta 0.7-0.95, plain and Holm
