@@ -65,6 +65,16 @@ def pytest_addoption(parser):
                     help="a Fast-dLLM++ checkout (Ringo-Star/FastdLLM_plusplus, its v1/ folder) whose own Fréchet "
                          "profile rule test_bench_peers.py checks the `frechet` policy against (default: "
                          "../shared/peers/fast-dllm-plusplus when it exists)")
+    group.addoption("--peer-dinfer", default=None,
+                    help="a dInfer checkout (inclusionAI/dInfer) whose own threshold, credit and hierarchy decoders "
+                         "test_bench_peers_since.py runs (default: ../shared/peers/dinfer when it exists)")
+    group.addoption("--peer-klass", default=None,
+                    help="a KLASS checkout (shkim0116/KLASS) whose own LLaDA and Dream samplers "
+                         "test_bench_peers_since.py runs (default: ../shared/peers/klass when it exists)")
+    group.addoption("--peer-pcsampler", default=None,
+                    help="a PC-Sampler checkout (NEUIR/Uncode, formerly NEUIR/PC-Sampler) whose own PC-Sampler and "
+                         "EB-Sampler test_bench_peers_since.py runs (default: ../shared/peers/pc-sampler when it "
+                         "exists)")
 
 
 @pytest.hookimpl(tryfirst=True)

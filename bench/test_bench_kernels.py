@@ -2,7 +2,9 @@
 
 - ``window_logits_stats``: the LM head on a step's window rows (B x width) plus the greedy signals;
 - ``tap_project``: the three taps of every canvas position folded into the controller's inputs (B x (P + G) rows);
-- ``commit_step``: TraceLock's commit rule on the window's slots.
+- ``commit_step``: TraceLock's commit rule on the window's slots;
+- ``credit_fuse``, ``step_kl``, ``topk_js``: the vocabulary-wide passes of the credit, KLASS and LESS rules over the
+  window's slots' logits (B x width rows of V), their state updated in place.
 
 The Triton rows run on a CUDA device only (under TRITON_INTERPRET=1 on a CPU they would time the interpreter).
 extra_info has the bytes and FLOPs each call must move; with timings on, the achieved GB/s and TFLOP/s, and on a
@@ -145,4 +147,96 @@ def test_commit_step(benchmark, target, machine, impl):
     benchmark.group = f"commit_step-{target.name}-B{B}-R{R}-L{L}"
     _record(benchmark, machine, B * R * (4 + 1 + 8 + 8) + B * 4 + 2 * B * L * (8 + 1), 0, impl=impl)
     benchmark.pedantic(_synced(step, device), rounds=50, warmup_rounds=2)
+    _throughput(benchmark, machine)
+
+
+def _slot_logits(target):
+    """Logits of a step's window slots, [B x width, V] in the model's dtype, a few units in scale."""
+    model = target.model
+    B, _, width = _sizes(target)
+    g = torch.Generator(device=model.device).manual_seed(0)
+    V = model.lm_head.weight.shape[0]
+    return (torch.randn(B * width, V, generator=g, device=model.device) * 3).to(model.dtype)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_credit_fuse(benchmark, target, machine, impl):
+    device = target.model.device
+    _impl_or_skip(impl, device)
+    logits = _slot_logits(target)
+    N, V = logits.shape
+    credit = torch.rand(N, V, device=device)
+    rows = torch.arange(N, device=device)
+    boost, fresh = rows % 2 == 0, rows % 4 == 3
+    # check before timing, from copies of the credit (each call updates it in place)
+    from tracelock.kernels.ref import credit_fuse_ref
+
+    ref_credit, got_credit = credit.clone(), credit.clone()
+    ref = credit_fuse_ref(logits, ref_credit, boost, fresh, 0.7, 1.0, 0.9)
+    got = ops.credit_fuse(logits, got_credit, boost, fresh, 0.7, 1.0, 0.9, impl=impl)
+    assert torch.equal(ref[0], got[0])
+    torch.testing.assert_close(got[1], ref[1], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got_credit, ref_credit, rtol=1e-4, atol=1e-5)
+
+    benchmark.group = f"credit_fuse-{target.name}-N{N}-V{V}"
+    # the floor: the logits once, the credit read and written (the kernel reads the logits twice, the second time
+    # mostly from L2)
+    _record(benchmark, machine, N * V * (logits.element_size() + 8) + N * 12, 0, impl=impl, dtype=str(logits.dtype))
+    benchmark.pedantic(_synced(lambda: ops.credit_fuse(logits, credit, boost, fresh, 0.7, 1.0, 0.9, impl=impl),
+                               device), rounds=20, warmup_rounds=2)
+    _throughput(benchmark, machine)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_step_kl(benchmark, target, machine, impl):
+    device = target.model.device
+    _impl_or_skip(impl, device)
+    logits = _slot_logits(target)
+    N, V = logits.shape
+    # the previous step's distribution in fp32 (a GPU's state), zeros for the rows with no previous pass
+    prev = (logits.float() + torch.randn(N, V, device=device)).softmax(-1)
+    prev[::4] = 0
+    from tracelock.kernels.ref import step_kl_ref
+
+    ref_prev, got_prev = prev.clone(), prev.clone()
+    ref = step_kl_ref(logits, ref_prev)
+    got = ops.step_kl(logits, got_prev, impl=impl)
+    assert torch.equal(ref[0], got[0])
+    for r, o in zip((*ref[1:], ref_prev), (*got[1:], got_prev)):
+        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-5)
+
+    benchmark.group = f"step_kl-{target.name}-N{N}-V{V}"
+    # the floor: the logits once, prev read and written
+    _record(benchmark, machine, N * V * (logits.element_size() + 8) + N * 16, 0, impl=impl, dtype=str(logits.dtype))
+    benchmark.pedantic(_synced(lambda: ops.step_kl(logits, prev, impl=impl), device), rounds=20, warmup_rounds=2)
+    _throughput(benchmark, machine)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_topk_js(benchmark, target, machine, impl):
+    device = target.model.device
+    _impl_or_skip(impl, device)
+    logits = _slot_logits(target)
+    N, V = logits.shape
+    K = 8
+    from tracelock.kernels.ref import topk_js_ref
+
+    # the previous step's top-K: that of nearby logits
+    none = torch.zeros(N, dtype=torch.bool, device=device)
+    prev_ids, prev_probs, _ = topk_js_ref(logits.float() + 0.3 * torch.randn(N, V, device=device),
+                                          torch.zeros(N, K, dtype=torch.int64, device=device),
+                                          torch.zeros(N, K, device=device), none)
+    has_prev = ~none
+    ref = topk_js_ref(logits, prev_ids, prev_probs, has_prev)
+    got = ops.topk_js(logits, prev_ids, prev_probs, has_prev, impl=impl)
+    assert torch.equal(ref[0], got[0])
+    for r, o in zip(ref[1:], got[1:]):
+        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-5)
+
+    benchmark.group = f"topk_js-{target.name}-N{N}-V{V}-K{K}"
+    # the floor: the logits once, the previous top-K read, this one written
+    _record(benchmark, machine, N * V * logits.element_size() + 2 * N * K * 12 + N * 5, 0, impl=impl,
+            dtype=str(logits.dtype))
+    benchmark.pedantic(_synced(lambda: ops.topk_js(logits, prev_ids, prev_probs, has_prev, impl=impl), device),
+                       rounds=20, warmup_rounds=2)
     _throughput(benchmark, machine)

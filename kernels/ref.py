@@ -402,3 +402,101 @@ def linear_rows_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     if residual is not None:
         y = y + residual.float()
     return y.to(x.dtype)
+
+
+# ---- the vocabulary-wide passes of the rules that remember across steps (tracelock.policies: credit, klass, less)
+
+
+def credit_fuse_ref(logits: torch.Tensor, credit: torch.Tensor, boost: torch.Tensor, fresh: torch.Tensor,
+                    alpha: float, gamma: float, beta: float) -> tuple:
+    """CreditDecoding's step (dInfer's ``CreditThresholdParallelDecoder``): decay a slot's credit over the vocabulary,
+    boost its current top-1 token, fuse the credit into the logits, and score the fused logits.
+
+    Per row: ``C = 0`` if ``fresh`` (the region's first step) else ``beta * C``; with ``(p1, v1)`` the largest
+    probability of ``softmax(logits)`` (fp32) and its token, ``C[v1] += p1 ** gamma`` where ``boost`` (only masked
+    slots add credit; every slot decays); ``fused = logits + alpha * log(C + 1)`` (fp32); the proposal is
+    ``argmax(fused)`` (ties to the lowest index) and the confidence ``softmax(fused)[proposal]``.
+
+    Args:
+        logits (torch.Tensor): [N, V] the slots' logits, any float dtype.
+        credit (torch.Tensor): [N, V] fp32 credit of each slot. Updated in place.
+        boost (torch.Tensor): [N] bool, the slot is masked (its top-1 token gains credit).
+        fresh (torch.Tensor): [N] bool, the credit restarts from zero instead of decaying.
+        alpha (float): the fusion weight (dInfer's ``credit_alpha``).
+        gamma (float): the boost exponent (``boost_gamma``).
+        beta (float): the decay (``decay_beta``).
+
+    Returns:
+        (proposal [N] int64, confidence [N] fp32).
+    """
+    x = logits.float()
+    c = torch.where(fresh[:, None], torch.zeros_like(credit), credit * beta)
+    p1, v1 = x.softmax(dim=-1).max(dim=-1)
+    c.scatter_add_(1, v1[:, None], (p1.pow(gamma) * boost.to(p1.dtype))[:, None])
+    credit.copy_(c)
+    fused = x + alpha * torch.log(c + 1)
+    proposal = fused.argmax(dim=-1)
+    confidence = fused.softmax(dim=-1).gather(1, proposal[:, None]).squeeze(1)
+    return proposal, confidence
+
+
+def step_kl_ref(logits: torch.Tensor, prev: torch.Tensor) -> tuple:
+    """KLASS's step: each slot's distribution, its step-to-step KL against the stored previous one, which it replaces.
+
+    ``p = softmax(logits)`` in float64; ``kl = sum_v p (log(p + 1e-12) - log(prev + 1e-12))`` (a slot with no previous
+    pass holds zeros, so its KL is large, as in KLASS); ``prev <- p``.
+
+    Args:
+        logits (torch.Tensor): [N, V] the slots' logits, any float dtype.
+        prev (torch.Tensor): [N, V] the previous step's distribution (fp64 here; the Triton kernel keeps fp32).
+            Updated in place.
+
+    Returns:
+        (proposal [N] int64 argmax, confidence [N] max probability, kl [N]), the last two in ``prev``'s dtype.
+    """
+    p = logits.double().softmax(dim=-1)
+    eps = 1e-12
+    kl = (p * (torch.log(p + eps) - torch.log(prev.double() + eps))).sum(dim=-1)
+    confidence, proposal = p.max(dim=-1)
+    prev.copy_(p)
+    return proposal, confidence.to(prev.dtype), kl.to(prev.dtype)
+
+
+def topk_js_ref(logits: torch.Tensor, prev_ids: torch.Tensor, prev_probs: torch.Tensor,
+                has_prev: torch.Tensor) -> tuple:
+    """LESS's drift: each slot's top-K distribution and its Jensen-Shannon divergence from the previous step's.
+
+    A top-K distribution is the K most probable tokens of ``softmax(logits)`` (fp32; ties to the lowest index) with
+    their probabilities, plus one bucket for the rest of the mass. Two of them are compared over the union of their
+    ids and the rest bucket: a token outside a distribution's own K counts 0 there, and each rest bucket holds
+    ``1 - sum`` of its own K. ``js = (KL(P || M) + KL(Q || M)) / 2``, ``M = (P + Q) / 2``, natural log, ``0 log 0 =
+    0``; a slot without a previous pass (``has_prev`` False) has drift 1.
+
+    Args:
+        logits (torch.Tensor): [N, V] the slots' logits, any float dtype.
+        prev_ids (torch.Tensor): [N, K] int64 the previous step's top-K ids.
+        prev_probs (torch.Tensor): [N, K] fp32 their probabilities.
+        has_prev (torch.Tensor): [N] bool, the slot had a previous pass.
+
+    Returns:
+        (ids [N, K] int64, probs [N, K] fp32, js [N] fp32): this step's top-K (descending; ``ids[:, 0]`` is the
+        argmax and ``probs[:, 0]`` its probability) and the drift.
+    """
+    K = prev_ids.shape[1]
+    p = logits.float().softmax(dim=-1)
+    probs, ids = p.sort(dim=-1, descending=True, stable=True)
+    probs, ids = probs[:, :K].contiguous(), ids[:, :K].contiguous()
+    # P: the previous distribution, Q: this one, over [prev ids | this step's ids not among them | rest]
+    in_cur = prev_ids[:, :, None] == ids[:, None, :]  # [N, K, K]
+    q_at_prev = (in_cur.float() * probs[:, None, :]).sum(-1)
+    new = ~(ids[:, :, None] == prev_ids[:, None, :]).any(-1)
+    P = torch.cat([prev_probs.float(), torch.zeros_like(probs), (1 - prev_probs.float().sum(-1, keepdim=True))], 1)
+    Q = torch.cat([q_at_prev, torch.where(new, probs, 0.0), (1 - probs.sum(-1, keepdim=True))], 1)
+    P, Q = P.clamp(min=0), Q.clamp(min=0)
+    M = (P + Q) / 2
+
+    def kl(a):
+        return torch.where(a > 0, a * (torch.log(a) - torch.log(M.clamp(min=1e-30))), 0.0).sum(-1)
+
+    js = torch.where(has_prev, (kl(P) + kl(Q)) / 2, 1.0)
+    return ids, probs, js

@@ -38,7 +38,10 @@ ALIGNED = {"_tap_project_kernel": ("D", "N", "stride_h1", "stride_h2", "stride_h
            "_rope_qkv_kernel": ("stride_xb", "stride_xq", "stride_cb", "stride_cq", "stride_sb", "stride_sq",
                                 "stride_kb", "stride_kh", "stride_kl", "stride_vb", "stride_vh", "stride_vl"),
            # the matrix products (N 12288 / 4096 / 4608 / 3584, K 4096 / 12288 / 3584 / 18944, F 12288 / 18944)
-           "_linear_rows_kernel": ("N", "K", "stride_x", "stride_r")}
+           "_linear_rows_kernel": ("N", "K", "stride_x", "stride_r"),
+           # the vocabulary-wide row passes (V 126464 / 152064, rows of V logits)
+           "_credit_fuse_kernel": ("V", "stride_l"), "_step_kl_kernel": ("V", "stride_l"),
+           "_topk_js_kernel": ("V", "stride_l")}
 
 
 def _aligned(cases: list) -> list:
@@ -199,10 +202,54 @@ def _linear_rows_cases():
                     for i in range(len(CONFIGS))]
 
 
+def _row_pass_cases(module: str, kernel: str, types, constexprs: dict) -> list:
+    """A vocabulary-wide row pass (one program per row): ``types(dt)`` for bf16, fp16 and fp32 logits at the
+    launcher's full tile, bf16 at a narrow one (a small vocabulary), and bf16 and fp32 again as launched at the
+    released shapes (16-byte loads, no spills)."""
+    from tracelock.kernels.credit_fuse import BLOCK_V, num_warps_for
+
+    cases = [dict(id=f"{module}-{dt}-V{block_v}", module=module, kernel=kernel, types=types(dt),
+                  constexprs=dict(constexprs, BLOCK_V=block_v), config=None,
+                  options=dict(num_warps=num_warps_for(block_v)))
+             for dt, block_v in [("bf16", BLOCK_V), ("fp16", BLOCK_V), ("fp32", BLOCK_V), ("bf16", 64)]]
+    full = (f"{module}-bf16-V{BLOCK_V}", f"{module}-fp32-V{BLOCK_V}")
+    return cases + _vectorised([c for c in cases if c["id"] in full])
+
+
+def _credit_fuse_cases():
+    def types(dt):
+        return dict(LOGITS=f"*{dt}", CREDIT="*fp32", BOOST="*i1", FRESH="*i1", PROPOSAL="*i64", CONFIDENCE="*fp32",
+                    V="i32", stride_l="i32", alpha="fp32", gamma="fp32", beta="fp32")
+
+    return _row_pass_cases("credit_fuse", "_credit_fuse_kernel", types, {})
+
+
+def _step_kl_cases():
+    def types(dt, prev="fp32"):
+        return dict(LOGITS=f"*{dt}", PREV=f"*{prev}", PROPOSAL="*i64", CONFIDENCE=f"*{prev}", KL=f"*{prev}", V="i32",
+                    stride_l="i32")
+
+    cases = _row_pass_cases("step_kl", "_step_kl_kernel", types, {})
+    # prev in fp64 (the spec's dtype) computes in fp64
+    return cases + [dict(cases[0], id=cases[0]["id"] + "-prev-fp64", types=types("bf16", "fp64"))]
+
+
+def _topk_js_cases():
+    def types(dt):
+        return dict(LOGITS=f"*{dt}", PREV_IDS="*i64", PREV_PROBS="*fp32", HAS_PREV="*i1", IDS="*i64", PROBS="*fp32",
+                    JS="*fp32", V="i32", K="i32", stride_l="i32")
+
+    # K = 8 (LESS's); BLOCK_K 1 (K = 1) and 16 (K = 13, padded) once each
+    cases = _row_pass_cases("topk_js", "_topk_js_kernel", types, dict(BLOCK_K=8))
+    return cases + [dict(cases[0], id=cases[0]["id"] + f"-BK{k}", constexprs=dict(cases[0]["constexprs"], BLOCK_K=k))
+                    for k in (1, 16)]
+
+
 def cases() -> list[dict]:
     """Every (kernel, specialisation, config) to compile, as plain data the child process can rebuild."""
     return (_tap_project_cases() + _window_logits_stats_cases() + _commit_step_cases() + _add_rms_norm_cases()
-            + _rope_qkv_cases() + _silu_mul_cases() + _linear_rows_cases())
+            + _rope_qkv_cases() + _silu_mul_cases() + _linear_rows_cases() + _credit_fuse_cases() + _step_kl_cases()
+            + _topk_js_cases())
 
 
 def _ptxas() -> str | None:

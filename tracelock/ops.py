@@ -104,6 +104,9 @@ IMPLEMENTATIONS = {
     "rope_qkv": ("triton", "torch"),
     "silu_mul": ("triton", "torch"),
     "linear_rows": ("triton", "torch"),
+    "credit_fuse": ("triton", "torch"),
+    "step_kl": ("triton", "torch"),
+    "topk_js": ("triton", "torch"),
 }
 # what a family of `fused_generate(impl=...)` runs for an op that lacks that member: its nearest one (the kernels
 # have no C++ version, the bookkeeping no Triton one, the block advance no CUDA one)
@@ -173,6 +176,9 @@ class OpSet:
     rope_qkv: Callable
     silu_mul: Callable
     linear_rows: Callable
+    credit_fuse: Callable
+    step_kl: Callable
+    topk_js: Callable
     impls: dict
 
 
@@ -714,3 +720,97 @@ def _check_no_nan(active: torch.Tensor, **scores) -> None:
             raise ValueError(f"{name} is NaN at an active slot: the scores that decide a commit must be numbers "
                              "(a NaN usually means the model or the controller overflowed in its dtype; try float32 "
                              "or bfloat16)")
+
+
+# ---- the vocabulary-wide passes of the rules that remember across steps (credit, klass, less)
+
+# the Triton topk_js keeps the running top-K and a [K, K] comparison tile in registers
+MAX_TOPK = 64
+
+
+def _check_logits(logits: torch.Tensor) -> tuple:
+    """[N, V] logits of any float dtype, V >= 1, rows may be strided (each row contiguous); returns (N, V)."""
+    _check_arg("logits", logits, _FLOATS + (torch.float64,), strided_rows=True)
+    _check_dims("logits", logits, "[N, V]")
+    if logits.shape[1] == 0:
+        raise ValueError(f"logits must be [N, V] with V >= 1 (the vocabulary), got shape {list(logits.shape)}")
+    return tuple(logits.shape)
+
+
+def credit_fuse(logits: torch.Tensor, credit: torch.Tensor, boost: torch.Tensor, fresh: torch.Tensor, alpha: float,
+                gamma: float, beta: float, *, impl: str | None = None) -> tuple:
+    """CreditDecoding's step (spec: ``credit_fuse_ref``): decay (or, ``fresh``, restart) each slot's credit, add
+    ``p1 ** gamma`` at its top-1 token where ``boost``, and score ``logits + alpha * log(credit + 1)``. The Triton
+    path reads a row's logits twice in one launch and writes neither softmax nor fused logits.
+
+    Args:
+        logits (torch.Tensor): [N, V] the slots' logits, fp32, fp16, bf16 or fp64; rows may be strided (each row
+            contiguous).
+        credit (torch.Tensor): [N, V] fp32 credit, contiguous. Updated in place.
+        boost, fresh (torch.Tensor): [N] bool: the slot is masked (its top-1 gains credit); its credit restarts.
+        alpha, gamma, beta (float): the fusion weight, the boost exponent, the decay (finite numbers).
+        impl (str, optional): "torch" or "triton". Default: ``TRACELOCK_IMPL``, else the fastest available.
+
+    Returns:
+        (proposal [N] int64 argmax of the fused logits, confidence [N] fp32 its fused probability).
+    """
+    N, V = _check_logits(logits)
+    like = ("logits", logits)
+    _check_arg("credit", credit, (torch.float32,), (N, V), like)
+    _check_arg("boost", boost, (torch.bool,), (N,), like)
+    _check_arg("fresh", fresh, (torch.bool,), (N,), like)
+    for name, value in (("alpha", alpha), ("gamma", gamma), ("beta", beta)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) < float("inf"):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return _raw("credit_fuse", _pick_impl("credit_fuse", impl, logits.device))(logits, credit, boost, fresh,
+                                                                               float(alpha), float(gamma), float(beta))
+
+
+def step_kl(logits: torch.Tensor, prev: torch.Tensor, *, impl: str | None = None) -> tuple:
+    """KLASS's step (spec: ``step_kl_ref``): each slot's softmax, its KL against ``prev`` (zeros for a slot with no
+    previous pass), and ``prev`` overwritten with it. The Triton path computes in prev's dtype (fp32 on a GPU).
+
+    Args:
+        logits (torch.Tensor): [N, V] the slots' logits, fp32, fp16, bf16 or fp64; rows may be strided (each row
+            contiguous).
+        prev (torch.Tensor): [N, V] fp32 or fp64 previous distribution, contiguous. Updated in place.
+        impl (str, optional): "torch" or "triton". Default: ``TRACELOCK_IMPL``, else the fastest available.
+
+    Returns:
+        (proposal [N] int64 argmax, confidence [N] max probability, kl [N]), the last two in prev's dtype.
+    """
+    N, V = _check_logits(logits)
+    _check_arg("prev", prev, (torch.float32, torch.float64), (N, V), ("logits", logits))
+    return _raw("step_kl", _pick_impl("step_kl", impl, logits.device))(logits, prev)
+
+
+def topk_js(logits: torch.Tensor, prev_ids: torch.Tensor, prev_probs: torch.Tensor, has_prev: torch.Tensor, *,
+            impl: str | None = None) -> tuple:
+    """LESS's drift (spec: ``topk_js_ref``): each slot's top-K distribution (plus a rest bucket) and its
+    Jensen-Shannon divergence from the previous step's; 1 for a slot without a previous pass. The Triton path reads
+    a row's logits once.
+
+    Args:
+        logits (torch.Tensor): [N, V] the slots' logits, fp32, fp16, bf16 or fp64; rows may be strided (each row
+            contiguous).
+        prev_ids (torch.Tensor): [N, K] int64 the previous top-K ids, 1 <= K <= V (at most `MAX_TOPK` for Triton).
+        prev_probs (torch.Tensor): [N, K] fp32 their probabilities.
+        has_prev (torch.Tensor): [N] bool, the slot had a previous pass.
+        impl (str, optional): "torch" or "triton". Default: ``TRACELOCK_IMPL``, else the fastest available.
+
+    Returns:
+        (ids [N, K] int64 descending (ties to the lowest index), probs [N, K] fp32, js [N] fp32).
+    """
+    N, V = _check_logits(logits)
+    like = ("logits", logits)
+    _check_arg("prev_ids", prev_ids, (torch.int64,), like=like)
+    if prev_ids.dim() != 2 or prev_ids.shape[0] != N or not 1 <= prev_ids.shape[1] <= V:
+        raise ValueError(f"prev_ids must be [N, K] with N = {N} (logits' rows) and 1 <= K <= V = {V}, got shape "
+                         f"{list(prev_ids.shape)}")
+    _check_arg("prev_probs", prev_probs, (torch.float32,), tuple(prev_ids.shape), like)
+    _check_arg("has_prev", has_prev, (torch.bool,), (N,), like)
+    chosen = _pick_impl("topk_js", impl, logits.device)
+    if chosen == "triton" and prev_ids.shape[1] > MAX_TOPK:
+        raise ValueError(f"prev_ids has K = {prev_ids.shape[1]}; the Triton topk_js keeps the top-K in registers, at "
+                         f"most {MAX_TOPK}: use impl='torch'")
+    return _raw("topk_js", chosen)(logits, prev_ids, prev_probs, has_prev)

@@ -204,6 +204,11 @@ class DecodeEngine:
         width = self.width + self.lookahead
         self.signal_buffers = (torch.zeros((N + 1, width), **long),) + tuple(
             torch.zeros((N + 1, width), device=dev) for _ in range(4))
+        # a rule's memory across steps (row N, the sink, takes padding rows') and its vocabulary pass's outputs
+        mem_width = verbs.memory_width(self.policy, self.schedule, self.cache)
+        self.memory = verbs.allocate_memory(self.policy, N + 1, mem_width, spec, dev)
+        self.vocab_buffers = {name: torch.zeros((N + 1, mem_width), dtype=dtype, device=dev)
+                              for name, dtype in self.policy.vocab_fields().items()}
         layout = verbs.tap_layout(self.policy, self.model, self.tap_project)
         self.taps = None if layout is None else tuple(
             torch.zeros((N + 1, L, layout[1]), dtype=layout[2], device=dev) for _ in range(layout[0]))
@@ -250,7 +255,8 @@ class DecodeEngine:
 
     def _state_tensors(self):
         out = [self.x, self.state, self.attention_mask, self.first_active, self.block_idx, self.region_step,
-               self.region_initial, self.steps, self.commit_log, *self.signal_buffers, *(self.taps or ())]
+               self.region_initial, self.steps, self.commit_log, *self.signal_buffers, *(self.taps or ()),
+               *self.memory.values(), *self.vocab_buffers.values()]
         return out + ([] if self.kv is None else self.kv.state_tensors())
 
     def _forward_fn(self, kind: str, k: int):
@@ -296,6 +302,8 @@ class DecodeEngine:
         self.first_active[slot] = P
         self.block_idx[slot] = self.region_step[slot] = self.steps[slot] = 0
         self.commit_log[slot] = 0
+        for buf in self.memory.values():  # a rule's memory starts empty with each prompt
+            buf[slot] = 0
         # the schedule region's active count when it begins (LLaDA's M): the first block, or the whole generation
         self.region_initial[slot] = self.schedule.block if self.schedule.kind == "block" else self.gen_length
         if self.kv is not None:
@@ -443,8 +451,17 @@ class DecodeEngine:
         valid = mask[rows]
         return rows, valid, torch.where(valid, rows, self.num_slots)
 
-    def _store_outputs(self, target, head, taps):
-        """Write the signals of a forward's ``head`` (and its taps) into the buffers at ``target`` rows."""
+    def _store_outputs(self, target, head, taps, rows=None, region=None):
+        """Write the signals of a forward's ``head`` (and its taps) into the buffers at ``target`` rows; for a rule
+        that remembers, run its vocabulary pass on the ``rows`` (their `region`) and store their memory too."""
+        if self.policy.reads_vocab:
+            memory = {k: v[rows] for k, v in self.memory.items()}
+            vocab = verbs.vocab_pass(self.policy, self.ops, head, memory, region, self.state[rows],
+                                     self.region_step[rows])
+            for name, value in memory.items():
+                self.memory[name].index_copy_(0, target, value)
+            for name, value in vocab.items():
+                self.vocab_buffers[name].index_copy_(0, target, value.to(self.vocab_buffers[name].dtype))
         signals = verbs.step_signals(head, spec=self.spec, from_stats=self.window_logits_stats is not None,
                                      temperature=self.settings.temperature, generator=self.generator)
         fields = (signals.proposal, signals.confidence, signals.margin, signals.neg_entropy, signals.eos_prob)
@@ -469,15 +486,17 @@ class DecodeEngine:
     def _forward_plain(self, k: int):
         live, _, _ = self._row_groups()
         rows, _, target = self._rows(k, live)
-        head, taps, _ = self._forward(rows, self._region(rows).query(), self._tap_positions(k))
-        self._store_outputs(target, head, taps)
+        region = self._region(rows)
+        head, taps, _ = self._forward(rows, region.query(), self._tap_positions(k))
+        self._store_outputs(target, head, taps, rows, region)
 
     def _forward_refresh(self, k: int):
         _, need, _ = self._row_groups()
         rows, _, target = self._rows(k, need)
-        head, taps, kv = self._forward(rows, self._region(rows).query(), self._tap_positions(k), store_kv=True)
+        region = self._region(rows)
+        head, taps, kv = self._forward(rows, region.query(), self._tap_positions(k), store_kv=True)
         self.kv.store(target, kv, taps)
-        self._store_outputs(target, head, taps)
+        self._store_outputs(target, head, taps, rows, region)
 
     def _forward_cached(self, k: int):
         _, need, cached = self._row_groups()
@@ -495,7 +514,7 @@ class DecodeEngine:
                                       check_query=False)  # the positions lie in the query by construction
         if taps is not None:
             taps = self.kv.with_stored_taps(rows, fresh, taps)
-        self._store_outputs(target, head, taps)
+        self._store_outputs(target, head, taps, rows, region)
 
     def _finish_body(self, generator):
         """Close the step of every slot from the buffers the forwards filled: the shared `verbs.close_step`, the
@@ -508,7 +527,8 @@ class DecodeEngine:
         taps = None if self.taps is None else tuple(t[:N] for t in self.taps)
         inp = verbs.step_input(signals, region, self.state, counters, self.schedule,
                                steps_per_region=self.steps_per_region, rows=torch.arange(N, device=self.device),
-                               taps=taps, folded=self.tap_project is not None, attention_mask=self.attention_mask)
+                               taps=taps, folded=self.tap_project is not None, attention_mask=self.attention_mask,
+                               vocab={k: v[:N] for k, v in self.vocab_buffers.items()})
         first_active, committed = verbs.close_step(
             self.policy, inp, region, self.x, self.state, self.attention_mask, end_ids=self.end_ids,
             pad_id=self.spec.pad_id, stop_at_eot=self.settings.stop_at_eot, apply_commits=self.ops.apply_commits,

@@ -13,6 +13,7 @@ KV cache (`tracelock.decode.kv_cache`). The step's verbs are `tracelock.decode.s
 
 from dataclasses import dataclass
 from functools import partial
+from types import SimpleNamespace
 
 import torch
 
@@ -20,6 +21,10 @@ from tracelock.decode import step as verbs
 from tracelock.decode.canvas import prepare_canvas
 from tracelock.decode.kv_cache import DecodeKVCache
 from tracelock.decode.settings import DecodeSettings
+from tracelock.kernels.ref import credit_fuse_ref, step_kl_ref, topk_js_ref
+
+# the vocabulary ops of the rules that remember (`Policy.vocab_pass`) as their specs: the reference's
+REFERENCE_VOCAB_OPS = SimpleNamespace(credit_fuse=credit_fuse_ref, step_kl=step_kl_ref, topk_js=topk_js_ref)
 
 
 @dataclass
@@ -57,7 +62,8 @@ def _per_row(commits: list, B: int) -> list:
 
 @torch.no_grad()
 def run_decode(model, input_ids, settings: DecodeSettings, *, attention_mask=None, apply_commits, skip_finished_blocks,
-               window_logits_stats=None, tap_project=None, commit_step=None, kernels=None, observer=None):
+               window_logits_stats=None, tap_project=None, commit_step=None, kernels=None, observer=None,
+               vocab_ops=None):
     """The loop behind `fused_generate` and `reference_generate` (see there): decode ``input_ids`` with
     ``settings``. ``observer``, when given, is called with a `StepRecord` at every step (trace recording).
     ``apply_commits`` and ``skip_finished_blocks`` are the per-step bookkeeping ops (`tracelock.ops` or their specs).
@@ -66,7 +72,8 @@ def run_decode(model, input_ids, settings: DecodeSettings, *, attention_mask=Non
     ``window_logits_stats``) folds the taps inside those forwards for a policy whose `Policy.tap_fold` is not None.
     ``commit_step`` (fused only) closes the steps of policies with a ``commit_rule`` (not with an observer, which
     needs the chosen slots: `select` decides those steps by the same rule's spec). ``kernels`` (fused only): the
-    backbone's per-layer ops (`tracelock.ops.backbone_kernels`); None runs their specs."""
+    backbone's per-layer ops (`tracelock.ops.backbone_kernels`); None runs their specs. ``vocab_ops``: the
+    vocabulary ops of a rule that remembers (`Policy.vocab_pass`: an `tracelock.ops.OpSet`); None runs their specs."""
     verbs.check_model(model)
     schedule, policy = verbs.setup_run(settings, skip_finished_blocks)
     temperature, cfg_scale, cache = settings.temperature, settings.cfg_scale, settings.cache
@@ -90,6 +97,9 @@ def run_decode(model, input_ids, settings: DecodeSettings, *, attention_mask=Non
         settings, schedule, rows=B, length=L, spec=spec, dtype=model.dtype,
         tap_layout=verbs.tap_layout(policy, model, tap_project), device=device)
     commit_step = None if observer is not None else commit_step
+    # a rule's memory across steps (`Policy.memory_spec`), one entry per row; {} for a rule without
+    memory = verbs.allocate_memory(policy, B, verbs.memory_width(policy, schedule, cache), spec, device)
+    vocab_ops = vocab_ops or REFERENCE_VOCAB_OPS
     budget = verbs.step_budget(schedule, S)
     commits, forwards = [], 0
 
@@ -113,8 +123,15 @@ def run_decode(model, input_ids, settings: DecodeSettings, *, attention_mask=Non
                                      temperature=temperature, generator=generator)
         x, state = canvas.x[rows], canvas.state[rows]
         mask = None if canvas.attention_mask is None else canvas.attention_mask[rows]
-        inp = verbs.step_input(signals, region, state, counters.take(rows), schedule, steps_per_region=S, rows=rows,
-                               taps=taps, folded=tap_project is not None, attention_mask=mask)
+        row_counters = counters.take(rows)
+        vocab = None
+        if policy.reads_vocab:
+            row_memory = {k: v[rows] for k, v in memory.items()}
+            vocab = verbs.vocab_pass(policy, vocab_ops, head, row_memory, region, state, row_counters.region_step)
+            for k, v in row_memory.items():
+                memory[k][rows] = v
+        inp = verbs.step_input(signals, region, state, row_counters, schedule, steps_per_region=S, rows=rows,
+                               taps=taps, folded=tap_project is not None, attention_mask=mask, vocab=vocab)
         observe = None if observer is None else _recorder(observer, rows, counters.steps[rows], x, state, inp)
         first_active[rows], committed = verbs.close_step(
             policy, inp, region, x, state, mask, end_ids=end_ids, pad_id=spec.pad_id, stop_at_eot=settings.stop_at_eot,

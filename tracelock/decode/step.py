@@ -53,7 +53,52 @@ def setup_run(settings: DecodeSettings, skip_finished_blocks) -> tuple:
                         skip_finished_blocks)
     policy = make_policy(settings.policy, **(settings.policy_args or {}))
     policy.setup(gen_length=settings.gen_length, num_regions=schedule.num_regions)
+    check_memory_rule(policy, settings)
     return schedule, policy
+
+
+def check_memory_rule(policy: Policy, settings: DecodeSettings) -> None:
+    """A rule that remembers per slot (``reads_vocab``) runs greedy, in blocks or on the whole answer: its memory
+    follows a region's slots, which a sliding window moves, and its authors' code has no sampled form checked here."""
+    if not policy.reads_vocab:
+        return
+    if settings.window is not None:
+        raise ValueError(f"policy {policy.name!r} keeps a memory per slot of a block, which a sliding window moves: "
+                         f"use block=N (semi-AR blocks) or neither (the whole answer), not window={settings.window}")
+    if settings.temperature > 0:
+        raise ValueError(f"policy {policy.name!r} decodes greedily, as its authors' code is checked here: pass "
+                         f"temperature=0, not {settings.temperature}")
+
+
+def memory_width(policy: Policy, schedule: Schedule, cache) -> int:
+    """The slots a rule's memory covers: the commit region's, plus the next region's for ``memory_lookahead``."""
+    return schedule.width + lookahead_width(policy, schedule, cache)
+
+
+def allocate_memory(policy: Policy, rows: int, width: int, spec, device) -> dict:
+    """The rule's per-row buffers (`Policy.memory_spec`), zeros of [rows, *shape]; {} for a rule without memory."""
+    return {name: torch.zeros((rows, *shape), dtype=dtype, device=device)
+            for name, (shape, dtype) in policy.memory_spec(width=width, spec=spec).items()}
+
+
+def vocab_pass(policy: Policy, ops, head, memory: dict, region: "Region", state, region_step) -> dict:
+    """The rule's `Policy.vocab_pass` on a forward's logits ``head`` [b, W, V] of the rows whose canvas states are
+    ``state`` [b, L]: their ``memory`` ([b, W, ...] each) is updated in place; returns its per-slot outputs [b, W]."""
+    query = region.query()
+    active = state.gather(1, query) == states.ACTIVE
+    active[:, :region.valid.shape[1]] &= region.valid
+    if region.tail_inside is not None:
+        active[:, region.valid.shape[1]:] &= region.tail_inside
+    return policy.vocab_pass(ops, head, memory, active, region_step == 0, region.valid.shape[1])
+
+
+def with_vocab(signals: Signals, vocab: dict | None) -> Signals:
+    """The step's signals with a rule's own ``proposal`` / ``confidence`` from its vocabulary pass (CreditDecoding's
+    fused logits) in place of the logits' own."""
+    if not vocab or "proposal" not in vocab:
+        return signals
+    return Signals(vocab["proposal"], vocab.get("confidence", signals.confidence), signals.margin,
+                   signals.neg_entropy, signals.eos_prob)
 
 
 def step_budget(schedule: Schedule, steps_per_region: int) -> int:
@@ -68,9 +113,16 @@ def budget_error(policy: Policy, steps: int) -> RuntimeError:
 
 
 def lookahead_width(policy: Policy, schedule: Schedule, cache) -> int:
-    """Positions right of the commit region whose signals the step also reads (end-of-text prediction), 0 for
-    none. A dual cache recomputes only the region, so it reads none."""
-    return schedule.gen_length - schedule.width if policy.eot_lookahead and cache != "dual" else 0
+    """Positions right of the commit region whose signals the step also reads, 0 for none: the rest of the answer
+    for end-of-text prediction, the next block for a memory that covers it (KLASS). A dual cache recomputes only the
+    region, so it reads none."""
+    if cache == "dual":
+        return 0
+    if policy.eot_lookahead:
+        return schedule.gen_length - schedule.width
+    if policy.memory_lookahead and schedule.kind == "block":
+        return min(schedule.block, schedule.gen_length - schedule.width)
+    return 0
 
 
 def _project_folded(tap_project, A, c, h1, h2, h3):
@@ -82,7 +134,7 @@ def forward_ops(policy: Policy, model, *, window_logits_stats, tap_project, temp
     """(window_logits_stats, tap_project) for the forward to run in place of its outputs, each None to get the
     logits / the raw taps. Greedy steps without CFG score from the LM head's input (no logits written); a policy
     with a linear tap fold (`Policy.tap_fold`) then gets its controller inputs, ``tap_project`` bound to the fold."""
-    if window_logits_stats is None or temperature > 0 or cfg_scale:
+    if window_logits_stats is None or temperature > 0 or cfg_scale or policy.reads_vocab:
         return None, None
     fold = policy.tap_fold(model) if policy.needs_taps and tap_project is not None else None
     return window_logits_stats, None if fold is None else partial(_project_folded, tap_project, *fold)
@@ -177,10 +229,14 @@ def _split_signals(signals: Signals, width: int) -> tuple[Signals, Signals]:
 
 
 def step_input(signals: Signals, region: Region, state, counters: RowCounters, schedule: Schedule, *,
-               steps_per_region: int, rows, taps, folded: bool, attention_mask) -> StepInput:
+               steps_per_region: int, rows, taps, folded: bool, attention_mask, vocab: dict | None = None) -> StepInput:
     """What the policy reads at this step, of the rows whose canvas states are ``state`` [b, L] and schedule
     counters ``counters`` ([b] each). ``signals`` cover the region's slots and then its tail; ``taps`` are the
-    forward's (a 1-tuple of controller inputs when ``folded``)."""
+    forward's (a 1-tuple of controller inputs when ``folded``); ``vocab`` is a rule's `vocab_pass` outputs (region
+    and tail)."""
+    signals = with_vocab(signals, vocab)
+    if vocab:
+        vocab = {k: v[:, :region.gather.shape[1]] for k, v in vocab.items()}
     lookahead = None
     if region.tail is not None:
         signals, tail_signals = _split_signals(signals, region.gather.shape[1])
@@ -193,7 +249,7 @@ def step_input(signals: Signals, region: Region, state, counters: RowCounters, s
                      region_step=counters.region_step, region_initial=counters.region_initial,
                      region_active=schedule.region_active(state, counters.block_idx),
                      steps_per_region=steps_per_region, positions=region.gather, state=state, rows=rows, taps=taps,
-                     tap_inputs=tap_inputs, attention_mask=attention_mask, lookahead=lookahead)
+                     tap_inputs=tap_inputs, attention_mask=attention_mask, lookahead=lookahead, vocab=vocab)
 
 
 def scatter_slots(values: torch.Tensor, into: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

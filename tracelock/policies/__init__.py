@@ -1,6 +1,6 @@
 """The decoding policies behind one interface (:class:`Policy`): the published rules (LLaDA, Dream, Fast-dLLM,
-Fast-dLLM++) and the learned ones (TraceLock, Learn2PD); the name registry and the arguments a named policy is built
-with.
+Fast-dLLM++, and those since: CreditDecoding, dInfer's hierarchy, KLASS, LESS, the entropy bound, PC-Sampler) and
+the learned ones (TraceLock, Learn2PD); the name registry and the arguments a named policy is built with.
 
 Examples::
 
@@ -13,11 +13,17 @@ from __future__ import annotations
 import inspect
 
 from .base import Policy, StepInput
+from .credit import CreditPolicy
 from .dream import EntropyPolicy, MaskGitPlusPolicy, OriginPolicy, TopKMarginPolicy
+from .entropy_bound import EntropyBoundPolicy
 from .fastdllm import FactorPolicy, ThresholdPolicy
 from .frechet import FrechetPolicy
+from .hierarchy import HierarchyPolicy
+from .klass import KlassPolicy
 from .l2p import L2PHiddenPolicy, L2PPolicy
+from .less import LessPolicy
 from .llada import ConfidencePolicy, RandomPolicy, TopKPolicy
+from .pc_sampler import PCSamplerPolicy
 from .tracelock import TraceLockPolicy
 
 __all__ = ["POLICIES", "Policy", "StepInput", "check_policy", "make_policy", "policy_args_for", "with_steps"]
@@ -35,6 +41,12 @@ POLICIES: dict[str, type[Policy]] = {
         ThresholdPolicy,
         FactorPolicy,
         FrechetPolicy,
+        CreditPolicy,
+        HierarchyPolicy,
+        KlassPolicy,
+        LessPolicy,
+        EntropyBoundPolicy,
+        PCSamplerPolicy,
         TraceLockPolicy,
         L2PPolicy,
         L2PHiddenPolicy,
@@ -116,7 +128,8 @@ def check_policy(spec: str, args: dict | None, *, gen_length: int, num_regions: 
 
 
 # what a required policy argument is, for the error that asks for it
-_REQUIRED_HINTS = {"controller": "a `tracelock train --out` folder",
+_REQUIRED_HINTS = {"background": "a PC-Sampler token-frequency table, or a bundled model's name",
+                   "controller": "a `tracelock train --out` folder",
                    "filters": "a `tracelock train-l2p --out` folder"}
 
 

@@ -18,8 +18,8 @@ import torch
 
 from ..signals import Signals, gumbel_noise
 
-__all__ = ["CommitRule", "Lookahead", "Policy", "StepInput", "active_first_order", "gumbel_topk_mask", "held_ends",
-           "topk_mask"]
+__all__ = ["CommitRule", "Lookahead", "Policy", "StepInput", "active_first_order", "check_flags", "first_token_form",
+           "gumbel_topk_mask", "held_ends", "topk_mask"]
 
 
 @dataclass
@@ -63,8 +63,10 @@ class StepInput:
             the policy's inputs with its :meth:`Policy.tap_fold` (the fused loop has the backbone forward run
             `tracelock.ops.tap_project`); None on the reference path.
         attention_mask (torch.BoolTensor, optional): [B, L] False at left padding; None when no row is padded.
-        lookahead (Lookahead, optional): only for policies with ``eot_lookahead``: the positions right of the
-            region (None under a dual KV cache, which recomputes the region only).
+        lookahead (Lookahead, optional): only for policies with ``eot_lookahead`` or ``memory_lookahead``: the
+            positions right of the region (None under a dual KV cache, which recomputes the region only).
+        vocab (dict, optional): only for policies that read the vocabulary (``reads_vocab``): what their
+            :meth:`Policy.vocab_pass` returned for this step, [B, R] each (the region's slots).
     """
 
     signals: Signals
@@ -80,6 +82,7 @@ class StepInput:
     attention_mask: torch.Tensor | None = None
     tap_inputs: torch.Tensor | None = None
     lookahead: Lookahead | None = None
+    vocab: dict | None = None
 
 
 @dataclass
@@ -123,6 +126,12 @@ class Policy:
     # end-of-text prediction (Learn2PD's EoTP): the policy reads the signals right of the commit region
     # (StepInput.lookahead) and its `decide` may truncate the canvas
     eot_lookahead: ClassVar[bool] = False
+    # rules that remember across steps (CreditDecoding, KLASS, LESS): they read each slot's whole distribution in
+    # `vocab_pass`, which also updates their per-slot memory (`memory_spec`); a rule without it pays nothing
+    reads_vocab: ClassVar[bool] = False
+    # KLASS: the memory also covers the next region's slots (one region width right of it), so a region starts with
+    # the history its positions gathered while the region before it was decoded
+    memory_lookahead: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._steps_per_region: int | None = None
@@ -178,6 +187,32 @@ class Policy:
         ``kernels.ref.commit_select_ref`` of the same rule); None (the default) when :meth:`select` decides."""
         return None
 
+    def memory_spec(self, *, width: int, spec) -> dict:
+        """{name: (shape, dtype)} of the per-row buffers this rule keeps across steps, each [rows, *shape], zero at a
+        row's start; ``width`` is the slots they cover (the region's, plus the next region's with
+        ``memory_lookahead``), ``spec`` the backbone's `tracelock.models.spec.ModelSpec`. None (the default): none."""
+        return {}
+
+    def vocab_fields(self) -> dict:
+        """{name: dtype} of the per-slot outputs of :meth:`vocab_pass` (an engine keeps a buffer for each)."""
+        return {}
+
+    def vocab_pass(self, ops, logits: torch.Tensor, memory: dict, active: torch.Tensor, fresh: torch.Tensor,
+                   width: int) -> dict:
+        """The rule's pass over the vocabulary, once per step, before :meth:`select`: update ``memory`` in place and
+        return the per-slot values :meth:`select` reads (``StepInput.vocab``). An output named ``proposal`` (and
+        ``confidence``) replaces the step's proposal (its confidence): CreditDecoding proposes from its fused logits.
+
+        Args:
+            ops: the vocabulary ops (`tracelock.ops.OpSet` or the specs): ``credit_fuse``, ``step_kl``, ``topk_js``.
+            logits (torch.Tensor): [b, W, V] the logits of the memory's slots (W = ``width`` of `memory_spec`).
+            memory (dict): the rows' buffers, [b, W, ...] each.
+            active (torch.BoolTensor): [b, W] the slot is a masked position of its region.
+            fresh (torch.BoolTensor): [b] this is the region's first step (its memory starts over).
+            width (int): the commit region's slots, the first of the W (the rest are the next region's).
+        """
+        raise NotImplementedError
+
     def tap_fold(self, model) -> tuple | None:
         """``(A [3, D, N], c [N])`` when this policy reads its taps only as ``h1 @ A[0] + h2 @ A[1] + h3 @ A[2] + c``:
         the fused loop then has ``model``'s forward fold them with `tracelock.ops.tap_project` and hands the
@@ -216,6 +251,23 @@ def held_ends(inp: StepInput) -> torch.Tensor:
     ends = inp.active & (inp.signals.eos_prob >= inp.signals.confidence) & (inp.signals.eos_prob > 0)
     text = inp.active & ~ends
     return ends & (text.cumsum(dim=1) > 0)
+
+
+def first_token_form(inp: StepInput, chosen: torch.Tensor) -> torch.Tensor:
+    """``chosen`` [B, R], except at a region's first step, which commits only the region's first masked position:
+    the Dream form of a rule (Fast-dLLM's Dream sampler runs that step as its cache refresh). Slots run left to
+    right, so the first active slot is that position."""
+    leftmost = inp.active & (inp.active.cumsum(dim=-1) == 1)
+    return torch.where((inp.region_step == 0).unsqueeze(-1), leftmost, chosen)
+
+
+def check_flags(**flags) -> None:
+    """``first_token`` and ``hold_end`` (and any other flag) must be bools; the error says what each does."""
+    what = {"first_token": "True: the Dream form, a region's first step commits its first masked position",
+            "hold_end": "True: hold end-of-text behind the text"}
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}={value!r} must be a bool ({what.get(name, 'true or false')})")
 
 
 def active_first_order(scores: torch.Tensor, active: torch.Tensor) -> torch.Tensor:

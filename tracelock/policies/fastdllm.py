@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .base import Policy, StepInput, active_count, active_first_order, held_ends, topk_mask
+from .base import Policy, StepInput, active_count, active_first_order, first_token_form, held_ends, topk_mask
 
 __all__ = ["FactorPolicy", "ThresholdPolicy"]
 
@@ -50,11 +50,7 @@ class ThresholdPolicy(Policy):
         top1 = topk_mask(conf, active, torch.ones_like(inp.region_step))
         # upstream drops slot k >= 1 only when conf < threshold, so the boundary commits
         chosen = top1 | (active & (conf >= self.tau))
-        if not self.first_token:
-            return chosen
-        # slots run left to right, so the first active slot is the region's first masked position
-        leftmost = inp.active & (inp.active.cumsum(dim=-1) == 1)
-        return torch.where((inp.region_step == 0).unsqueeze(-1), leftmost, chosen)
+        return first_token_form(inp, chosen) if self.first_token else chosen
 
 
 class FactorPolicy(Policy):

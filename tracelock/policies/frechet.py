@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from .base import Policy, StepInput, active_count, active_first_order, held_ends, topk_mask
+from .base import Policy, StepInput, active_count, active_first_order, first_token_form, held_ends, topk_mask
 
 __all__ = ["FrechetPolicy"]
 
@@ -73,8 +73,4 @@ class FrechetPolicy(Policy):
         conf = inp.signals.confidence
         active = inp.active & ~held_ends(inp) if self.hold_end else inp.active
         chosen = topk_mask(conf, active, self.counts(conf, active))
-        if not self.first_token:
-            return chosen
-        # slots run left to right, so the first active slot is the region's first masked position
-        leftmost = inp.active & (inp.active.cumsum(dim=-1) == 1)
-        return torch.where((inp.region_step == 0).unsqueeze(-1), leftmost, chosen)
+        return first_token_form(inp, chosen) if self.first_token else chosen
