@@ -412,8 +412,8 @@ def credit_fuse_ref(logits: torch.Tensor, credit: torch.Tensor, boost: torch.Ten
     """CreditDecoding's step (dInfer's ``CreditThresholdParallelDecoder``): decay a slot's credit over the vocabulary,
     boost its current top-1 token, fuse the credit into the logits, and score the fused logits.
 
-    Per row: ``C = 0`` if ``fresh`` (the region's first step) else ``beta * C``; with ``(p1, v1)`` the largest
-    probability of ``softmax(logits)`` (fp32) and its token, ``C[v1] += p1 ** gamma`` where ``boost`` (only masked
+    Per row: ``C = 0`` if ``fresh`` (the region's first step) else ``beta * C``; with ``v1`` the argmax of the logits
+    (ties to the lowest index) and ``p1`` its probability (fp32), ``C[v1] += p1 ** gamma`` where ``boost`` (only masked
     slots add credit; every slot decays); ``fused = logits + alpha * log(C + 1)`` (fp32); the proposal is
     ``argmax(fused)`` (ties to the lowest index) and the confidence ``softmax(fused)[proposal]``.
 
@@ -431,7 +431,9 @@ def credit_fuse_ref(logits: torch.Tensor, credit: torch.Tensor, boost: torch.Ten
     """
     x = logits.float()
     c = torch.where(fresh[:, None], torch.zeros_like(credit), credit * beta)
-    p1, v1 = x.softmax(dim=-1).max(dim=-1)
+    # the top-1 by logit, not by probability: two logits a rounding apart can share a probability
+    v1 = x.argmax(dim=-1)
+    p1 = x.softmax(dim=-1).gather(1, v1[:, None]).squeeze(1)
     c.scatter_add_(1, v1[:, None], (p1.pow(gamma) * boost.to(p1.dtype))[:, None])
     credit.copy_(c)
     fused = x + alpha * torch.log(c + 1)
@@ -466,8 +468,9 @@ def topk_js_ref(logits: torch.Tensor, prev_ids: torch.Tensor, prev_probs: torch.
                 has_prev: torch.Tensor) -> tuple:
     """LESS's drift: each slot's top-K distribution and its Jensen-Shannon divergence from the previous step's.
 
-    A top-K distribution is the K most probable tokens of ``softmax(logits)`` (fp32; ties to the lowest index) with
-    their probabilities, plus one bucket for the rest of the mass. Two of them are compared over the union of their
+    A top-K distribution is the K most probable tokens of ``softmax(logits)`` (fp32; chosen by logit, ties to the
+    lowest index, then listed by probability, ties to the lowest index) with their probabilities, plus one bucket for
+    the rest of the mass. Two of them are compared over the union of their
     ids and the rest bucket: a token outside a distribution's own K counts 0 there, and each rest bucket holds
     ``1 - sum`` of its own K. ``js = (KL(P || M) + KL(Q || M)) / 2``, ``M = (P + Q) / 2``, natural log, ``0 log 0 =
     0``; a slot without a previous pass (``has_prev`` False) has drift 1.
@@ -483,9 +486,14 @@ def topk_js_ref(logits: torch.Tensor, prev_ids: torch.Tensor, prev_probs: torch.
         argmax and ``probs[:, 0]`` its probability) and the drift.
     """
     K = prev_ids.shape[1]
-    p = logits.float().softmax(dim=-1)
-    probs, ids = p.sort(dim=-1, descending=True, stable=True)
-    probs, ids = probs[:, :K].contiguous(), ids[:, :K].contiguous()
+    x = logits.float()
+    ids = x.sort(dim=-1, descending=True, stable=True).indices[:, :K]
+    probs = x.softmax(dim=-1).gather(1, ids)
+    # listed by probability (logits a rounding apart can share one), ties to the lowest index
+    by_index = ids.sort(dim=-1, stable=True)
+    order = probs.gather(1, by_index.indices).sort(dim=-1, descending=True, stable=True).indices
+    ids = by_index.values.gather(1, order).contiguous()
+    probs = probs.gather(1, by_index.indices).gather(1, order).contiguous()
     # P: the previous distribution, Q: this one, over [prev ids | this step's ids not among them | rest]
     in_cur = prev_ids[:, :, None] == ids[:, None, :]  # [N, K, K]
     q_at_prev = (in_cur.float() * probs[:, None, :]).sum(-1)

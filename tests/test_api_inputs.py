@@ -87,6 +87,46 @@ def test_a_value_of_the_wrong_kind_is_named_as_such(tiny, args, message):
         decode(tiny, [[5, 6]], policy="threshold", policy_args={"tau": 1.5})
 
 
+@pytest.mark.parametrize("kwargs, exc, message", [
+    (dict(policy="klass", policy_args={"kl": -1}), ValueError,
+     r"^policy 'klass': kl=-1 must be a finite number > 0 \(KLASS's kl_threshold"),
+    (dict(policy="klass", policy_args={"tau": 2}), ValueError, r"^policy 'klass': tau=2 must lie in \(0, 1\]"),
+    (dict(policy="klass", policy_args={"form": "llama"}), ValueError, r"form='llama' must be one of llada, dream"),
+    (dict(policy="klass", policy_args={"history": 0}), ValueError, r"history=0 must be an int >= 1"),
+    (dict(policy="credit", policy_args={"alpah": 0.5}), TypeError,
+     r"^policy 'credit' takes no argument alpah; its arguments are: tau, alpha, .*; did you mean 'alpha'\?"),
+    (dict(policy="credit", policy_args={"beta": 1.5}), ValueError, r"^policy 'credit': beta=1.5 must lie in \[0, 1\]"),
+    (dict(policy="less", policy_args={"drift": 1}), ValueError, r"^policy 'less': drift=1 must lie in \[0, ln 2"),
+    (dict(policy="less", policy_args={"persistence_len": 2}), TypeError, r"did you mean 'persist'\?"),
+    (dict(policy="eb", policy_args={"gamma": "abc"}), TypeError, r"^policy 'eb': gamma='abc' is not a number"),
+    (dict(policy="hierarchy", policy_args={"low": 1}), ValueError, r"^policy 'hierarchy': low=1 must lie in \[0, 1\)"),
+    (dict(policy="pc"), TypeError, r"^policy 'pc' needs background \(.*\): pass policy_args=\{'background': \.\.\.\}"),
+    (dict(policy="pc", policy_args={"background": "missing.json", "lambd": 0.25}), ValueError,
+     r"^policy 'pc': background='missing.json': no such file; pass a PC-Sampler table"),
+    (dict(policy="pc", policy_args={"background": "testbed", "alpha": 0}), ValueError, r"alpha=0 must be a finite "
+                                                                                     r"number > 0"),
+    (dict(policy="credit", window=16), ValueError, r"^policy 'credit' keeps a memory per slot of a block, which a "
+                                                   r"sliding window moves: use block=N .* not window=16"),
+    (dict(policy="less", window=8), ValueError, r"not window=8"),
+    (dict(policy="klass", temperature=0.5), ValueError,
+     r"^policy 'klass' decodes greedily, as its authors' code is checked here: pass temperature=0, not 0.5"),
+    (dict(policy="klss"), ValueError, r"unknown policy 'klss'.*did you mean 'klass'\?"),
+    (dict(policy="klass:kl=0.01"), ValueError, r"policy='klass:kl=0.01' is the command line's spec; in Python pass "
+                                               r"the name and its arguments apart: policy='klass', "
+                                               r"policy_args=\{'kl': 0.01\}"),
+])
+def test_the_rules_since_fastdllm_name_a_bad_knob_and_the_fix(tiny, kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        decode(tiny, [[5, 6]], **{"gen_length": 16, **kwargs})
+
+
+def test_the_rules_since_fastdllm_decode_with_their_knobs(tiny):
+    for policy, args in (("hierarchy", {"tau": None, "low": 0.3}), ("credit", {"alpha": 0}), ("klass", {"kl": 0.01}),
+                         ("less", {"per_step": 2}), ("eb", {"gamma": 1.0}), ("pc", {"background": "testbed"})):
+        tokens, stats = decode(tiny, [[5, 6]], policy=policy, policy_args=args, gen_length=16, block=8)
+        assert tokens.shape == (1, 18) and 1 <= stats.steps[0] <= 16, policy
+
+
 def test_a_controller_path_that_does_not_exist_is_named(tiny, tmp_path):
     missing = tmp_path / "no-such-run"
     with pytest.raises(FileNotFoundError, match=f"controller='{missing}' does not exist; pass a `tracelock train "

@@ -225,3 +225,58 @@ def test_eval_with_several_tasks_writes_a_run_folder_each(tmp_path):
         summary = json.loads((tmp_path / "run" / f"testbed-{task}" / "summary.json").read_text())
         assert [(r["policy"], r["n"]) for r in summary["rows"]] == [("threshold:tau=0.9", 2)]
         assert f"testbed:{task}: " in done.stdout and str(tmp_path / "run" / f"testbed-{task}") in done.stdout
+
+
+def test_the_rules_since_fastdllm_in_the_grammar():
+    from tracelock.cli_common import did_you_mean, expand_policy_list, parse_policy_spec, policy_and_args
+
+    # none (or JSON's null) is None: an optional argument left unset; a name or path stays a string
+    assert parse_policy_spec("hierarchy:tau=none") == ("hierarchy", {"tau": None})
+    assert parse_policy_spec("hierarchy:tau=null:low=0.3") == ("hierarchy", {"tau": None, "low": 0.3})
+    assert parse_policy_spec("pc:background=testbed:lambd=0.25:alpha=10") == (
+        "pc", {"background": "testbed", "lambd": 0.25, "alpha": 10})
+    assert parse_policy_spec("klass:tau=0.9:kl=0.01:form=dream") == ("klass", {"tau": 0.9, "kl": 0.01, "form": "dream"})
+    assert policy_and_args("credit", ["tau=0.8", "alpha=0"]) == ("credit", {"tau": 0.8, "alpha": 0})
+    assert [label for label, _, _ in expand_policy_list("hierarchy:tau=0.9,none:low=0.3,eb:gamma=0.01,0.1")] == [
+        "hierarchy:tau=0.9:low=0.3", "hierarchy:tau=none:low=0.3", "eb:gamma=0.01", "eb:gamma=0.1"]
+    with pytest.raises(ValueError, match="unknown policy 'klas'.*did you mean 'klass'"):
+        parse_policy_spec("klas:tau=0.9")
+    with pytest.raises(ValueError, match="'hierachy' is not a policy.*did you mean 'hierarchy'"):
+        expand_policy_list("credit,hierachy")
+    assert did_you_mean("persistence", ["tau", "drift", "persist", "steps"]) == "; did you mean 'persist'?"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--policy", "klass:tau=2"], "policy 'klass': tau=2 must lie in (0, 1]"),
+    (["--policy", "klass:kll=0.1"], "policy 'klass' takes no argument kll; its arguments are: tau, kl, "),
+    (["--policy", "credit:alpah=0.5"], "did you mean 'alpha'?"),
+    (["--policy", "credit", "--policy-arg", "beta=2"], "policy 'credit': beta=2 must lie in [0, 1]"),
+    (["--policy", "hierarchy:tau=nope"], "tau='nope' is not a number"),
+    (["--policy", "less:drift=1"], "policy 'less': drift=1 must lie in [0, ln 2"),
+    (["--policy", "eb:gamma=-1"], "policy 'eb': gamma=-1 must be a finite number >= 0"),
+    (["--policy", "pc"], "policy 'pc' needs background (a PC-Sampler token-frequency table, or a bundled model's "
+                         "name): pass policy_args={'background': ...} (on the command line: pc:background=...)"),
+    (["--policy", "pc:background=nofile.json"], "background='nofile.json': no such file"),
+    (["--policy", "klss"], "unknown policy 'klss'; known policies: confidence, credit, eb, "),
+    (["--policy", "credit", "--window", "16"], "--policy credit keeps a memory per slot of a block, which a sliding "
+                                               "window moves: use --block N (semi-AR blocks) or neither (the whole "
+                                               "answer), not --window 16"),
+    (["--policy", "klass", "--block", "8", "--temperature", "0.5"], "--policy klass decodes greedily, as its authors' "
+                                                                    "code is checked here: drop --temperature 0.5"),
+])
+def test_bad_knobs_of_the_rules_since_fastdllm_are_one_line(argv, says, capsys):
+    """Checked before the model loads, in the command line's words."""
+    code = main(["generate", "--model", "testbed", "--prompt", "hi", "--gen-length", "16", "--quiet", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith("tracelock generate: error: ") and says in err
+
+
+def test_the_rules_since_fastdllm_decode_from_the_command_line(capsys):
+    for spec in ("hierarchy:tau=none", "pc:background=testbed:per_step=2", "credit:tau=0.9:alpha=0.7",
+                 "klass:kl=0.01"):
+        assert main(["generate", "--model", "testbed", "--prompt", "Zoe has 9 books.", "--gen-length", "16",
+                     "--block", "8", "--policy", spec, "--quiet"]) == 0
+        record = json.loads(capsys.readouterr().out)
+        assert record["settings"]["policy"] == spec.split(":")[0] and record["steps"] >= 1
+    assert record["settings"]["policy_args"] == {"kl": 0.01}

@@ -52,7 +52,11 @@ def policies(model) -> list:
            ("frechet-hold-end", "frechet", {"delta": -0.2, "hold_end": True}),
            ("factor-hold-end", "factor", {"f": 2.0, "hold_end": True}),
            ("confidence-hold-end", "confidence", {"steps": 8, "hold_end": True}),
-           ("l2p-hold-end", L2PPolicy(step_l2p_filter(model), filter_block=4, hold_end=True), {})]
+           ("l2p-hold-end", L2PPolicy(step_l2p_filter(model), filter_block=4, hold_end=True), {}),
+           # the rules since Fast-dLLM; credit, klass and less remember per slot (no window schedule)
+           ("hierarchy", "hierarchy", {"tau": 0.7, "low": 0.2}), ("eb", "eb", {"gamma": 0.5}),
+           ("pc", "pc", {"background": "testbed"}), ("credit-memory", "credit", {"tau": 0.7}),
+           ("klass-memory", "klass", {"tau": 0.5, "kl": 0.05}), ("less-memory", "less", {"tau": 0.5})]
     if model.spec.family == "dream":
         out.append(("threshold-first-token", "threshold", {"tau": 0.7, "first_token": True}))
         out.append(("frechet-first-token", "frechet", {"delta": 0.0, "first_token": True}))
@@ -67,7 +71,7 @@ def test_every_policy_and_schedule_equals_fused_generate(model, cache):
     prompts = random_prompts(model)
     for label, policy, args in policies(model):
         for schedule, sname in SCHEDULES:
-            if "first-token" in label and "block" not in schedule:
+            if "first-token" in label and "block" not in schedule or "memory" in label and "window" in schedule:
                 continue
             kw = dict(policy=policy, policy_args=args, gen_length=G, cache=cache, **schedule)
             rows, engine = decode_on_engine(model, prompts, compile=COMPILE_BACKEND is not None,

@@ -193,6 +193,46 @@ def test_a_bare_name_takes_its_default_grid_and_one_value_is_one_point():
     assert point.args == {"theta": 0.9, "controller": "runs/a"} and point.label.endswith(":curve=TraceLock-A")
 
 
+def test_the_rules_since_fastdllm_sweep_their_knob():
+    # credit, klass, less: their threshold; hierarchy: low (tau none); eb: the entropy budget; pc: tokens per step
+    defaults = {name: (parse_sweep(name).knob, parse_sweep(name).values)
+                for name in ("credit", "klass", "less", "hierarchy", "eb")}
+    assert {name: knob for name, (knob, _) in defaults.items()} == {
+        "credit": "tau", "klass": "tau", "less": "tau", "hierarchy": "low", "eb": "gamma"}
+    assert defaults["eb"][1][0] == 0.001 and defaults["eb"][1][-1] == 1.0
+    assert all(0 < v <= 1 for name in ("credit", "klass", "less") for v in defaults[name][1])
+    assert all(0 <= v < 1 for v in defaults["hierarchy"][1])
+    pc = parse_sweep("pc:background=testbed")
+    assert (pc.knob, pc.values, pc.fixed) == ("per_step", (1, 2, 4, 8), {"background": "testbed"})
+    assert pc.points(Setting(64, 16))[2].args == {"steps": 16, "background": "testbed"}
+    # the other knobs fixed, the default one swept; none is None; a rule with steps takes per_step as a fixed one
+    assert parse_sweep("hierarchy:tau=0.5,0.9:low=0.3").points(Setting(64, 16))[1].args == {"tau": 0.9, "low": 0.3}
+    assert parse_sweep("hierarchy:low=0.2,0.4:tau=none").points(Setting(64, 16))[0].args == {"low": 0.2, "tau": None}
+    klass = parse_sweep("klass:tau=0.7,0.9:kl=0.001:form=dream:per_step=2")
+    assert klass.points(Setting(64, 16))[0].args == {"tau": 0.7, "kl": 0.001, "form": "dream", "per_step": 2}
+    with pytest.raises(ValueError, match="credit has no knob or argument 'alpah'; .*did you mean 'alpha'"):
+        parse_sweep("credit:alpah=0.5,0.7")
+    with pytest.raises(ValueError, match="eb has no knob or argument 'per_step'"):
+        parse_sweep("eb:per_step=1,2")
+
+
+def test_a_sweep_of_the_rules_since_fastdllm(micro, tmp_path):
+    sweeps = [parse_sweep(s) for s in ("credit:tau=0.5,0.9", "klass:tau=0.9:kl=0.01",
+                                       "pc:background=testbed:per_step=2,4", "eb:gamma=0.001,1.0")]
+    result = run_frontier(micro, sweeps=sweeps, out=tmp_path, **ARGS)
+    d = result["tasks"]["testbed:math"]["16/8"]
+    assert set(d["curves"]) == {"confidence", "credit", "klass:kl=0.01", "pc:background=testbed", "eb"}
+    # per_step k: k tokens per step
+    assert [p["avg_steps"] for p in d["curves"]["pc:background=testbed"]] == [8, 4]
+    assert all(1 <= p["avg_steps"] <= 16 and p["n"] == 3 for c in d["curves"].values() for p in c)
+    # a bad knob or a window fails before anything decodes, naming the point
+    with pytest.raises(ValueError, match=r"klass:tau=2 at 16/8: tau=2 must lie in \(0, 1\]"):
+        run_frontier(micro, sweeps=[parse_sweep("klass:tau=2")], out=tmp_path / "bad", **ARGS)
+    with pytest.raises(ValueError, match=r"credit:tau=0.9:schedule=window at 16/8: policy 'credit' keeps a memory per "
+                                         r"slot of a block, which a sliding window moves"):
+        run_frontier(micro, sweeps=[parse_sweep("credit:tau=0.9:schedule=window")], out=tmp_path / "bad", **ARGS)
+
+
 def test_bad_runs_are_refused(micro, tmp_path):
     sweeps = [parse_sweep("threshold:tau=0.9")]
     with pytest.raises(ValueError, match="the sweep is empty"):

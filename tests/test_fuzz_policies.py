@@ -22,9 +22,13 @@ _spec.loader.exec_module(fuzzing)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 KEYS = ("tau", "k", "f", "eps", "steps", "first_token", "release_quirk", "theta", "cap", "threshold", "alg_temp",
-        "schedule", "cache", "refresh_every", "refresh_shift", "block", "window", "bogus", "")
+        "schedule", "cache", "refresh_every", "refresh_shift", "block", "window", "bogus", "",
+        # the rules since Fast-dLLM (credit, hierarchy, klass, less, eb, pc)
+        "alpha", "gamma", "beta", "low", "kl", "history", "form", "drift", "persist", "lambd", "background",
+        "hold_end", "per_step")
 VALUES = ("0.9", "1", "0", "-1", "2", "1e9", "nan", "inf", "-inf", "true", "false", "null", "[]", "{}", '"x"',
-          "block", "window", "full", "prefix", "dual", "abc", "", "0.5", "16", "3.5")
+          "block", "window", "full", "prefix", "dual", "abc", "", "0.5", "16", "3.5",
+          "none", "testbed", "llada", "dream", "0.01")
 NAMES = (*POLICY_NAMES, "oracle", "nope", "", "Confidence")
 
 

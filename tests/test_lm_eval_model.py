@@ -107,6 +107,29 @@ def test_generate_until_equals_fused_generate_and_honours_stop(lm):
     assert lm.generate_until([_request(contexts[1], until=until)]) == [got[1]]
 
 
+@pytest.mark.parametrize("policy, args", [
+    ("credit", dict(tau=0.9, alpha=0.7, gamma=0.2, beta=0.8)),
+    ("klass", dict(tau=0.9, kl=0.01, history=2, per_step=1)),
+], ids=["credit", "klass"])
+def test_a_rule_since_fastdllm_is_named_in_model_args_and_equals_fused_generate(policy, args):
+    """``--model_args pretrained=testbed,policy=credit,tau=0.9,...``: the rules published since Fast-dLLM by name, with
+    their knobs as lm-eval passes them (numbers; ``per_step`` resolved against gen_length)."""
+    lm = TraceLockLM(pretrained="testbed", policy=policy, gen_length=32, block=16, batch_size=2, **args)
+    model, tok = lm.model, lm.tokenizer
+    prompts = [it.prompt for it in make_task("testbed:math").items(2)]
+    contexts = [lm.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+    got = lm.generate_until([_request(c, until=[]) for c in contexts])
+    own = {k: v for k, v in args.items() if k != "per_step"} | ({"steps": 32} if "per_step" in args else {})
+    for prompt, text in zip(prompts, got):
+        tokens, _ = tracelock.fused_generate(model, [encode_prompt(tok, prompt)], policy=policy, policy_args=own,
+                                             gen_length=32, block=16)
+        assert text == decode_answer(tok, tokens[0, -32:].tolist(), model.spec.end_ids)
+    # a memory rule decodes greedily: a task that samples is refused with the fix
+    with pytest.raises(ValueError, match=rf"policy '{policy}' decodes greedily, but this task samples \(do_sample "
+                                         r"with temperature=0.5\); run it greedy with --gen_kwargs do_sample=false"):
+        lm.generate_until([_request(contexts[0], until=[], do_sample=True, temperature=0.5)])
+
+
 def test_loglikelihood_of_one_token_is_exact(lm):
     model = lm.model
     context = lm.apply_chat_template([{"role": "user", "content": "Mia has 3 apples. How many apples?"}])
@@ -140,3 +163,8 @@ def test_bad_model_args_are_named():
         TraceLockLM(pretrained="testbed", gen_length=64, block=24)
     with pytest.raises(TypeError, match="policy 'threshold' takes no argument tua"):
         TraceLockLM(pretrained="testbed", policy="threshold", tua=0.9, gen_length=64, block=16)
+    with pytest.raises(ValueError, match=r"kl=-1 must be a finite number > 0"):
+        TraceLockLM(pretrained="testbed", policy="klass", kl=-1, gen_length=64, block=16)
+    with pytest.raises(ValueError, match=r"policy 'credit' keeps a memory per slot of a block, which a sliding window "
+                                         r"moves: use block=N .* not window=16"):
+        TraceLockLM(pretrained="testbed", policy="credit", gen_length=64, window=16)

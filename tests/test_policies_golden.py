@@ -283,9 +283,10 @@ def test_dream_origin_reveal_probability_and_last_step():
 
 
 # learned policies need a checkpoint to be built (tests/test_tracelock_policy.py and tests/test_l2p.py cover them)
-@pytest.mark.parametrize("name", sorted(n for n, cls in POLICIES.items() if not cls.learned))
+# the rules that remember read their vocabulary pass (StepInput.vocab): tests/test_new_rules.py drives them
+@pytest.mark.parametrize("name", sorted(n for n, cls in POLICIES.items() if not cls.learned and not cls.reads_vocab))
 def test_policies_seeded_reproducible(name):
-    policy = make_policy(name)
+    policy = make_policy(name, **({"background": "testbed"} if name == "pc" else {}))
     policy.setup(gen_length=16, num_regions=2)
     conf = torch.rand(3, 8)
     inp = _inp(conf.tolist(), (torch.rand(3, 8) > 0.3).tolist(), step=1, budget=policy.steps_per_region())
@@ -297,7 +298,7 @@ def test_policies_seeded_reproducible(name):
 def test_policy_registry():
     assert sorted(POLICIES) == sorted(
         ["random", "confidence", "topk", "origin", "maskgit_plus", "topk_margin", "entropy", "threshold", "factor",
-         "frechet", "tracelock", "l2p", "l2p-hidden"]
+         "frechet", "credit", "hierarchy", "klass", "less", "eb", "pc", "tracelock", "l2p", "l2p-hidden"]
     )
     stochastic = {name for name, cls in POLICIES.items() if not cls.deterministic}
     assert stochastic == {"random", "origin"}
@@ -308,7 +309,7 @@ def test_policy_registry():
 @pytest.mark.parametrize(
     "spec, kwargs, exc, match",
     [
-        ("greedy", {}, ValueError, "known policies: confidence, entropy"),
+        ("greedy", {}, ValueError, "known policies: confidence, credit, eb, entropy"),
         ("threshold", {"tau": 0.0}, ValueError, r"tau=0.0 must lie in \(0, 1\]"),
         ("threshold", {"tau": 1.5}, ValueError, "tau=1.5"),
         ("confidence", {"steps": 0}, ValueError, "steps=0 must be a positive int"),

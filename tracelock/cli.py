@@ -100,6 +100,13 @@ def _add_demo(sub):
     add_schedule(p, gen_length=64, block_default="16 when no --window is given", window_default="blocks, no window")
     add_batch_size(p, default=16)
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the held-out sample")
+    p.add_argument("--policies", help=option_help("--policies", "the rows: a spec of a default row keeps that row, "
+                                                                "any other (credit:tau=0.9, klass, "
+                                                                "pc:background=testbed) is a row of its own after "
+                                                                "them") +
+                   " (default: the demo's rows: the family's reference rule at 1 and 4 tokens per step, threshold "
+                   "0.9 and 0.5, random, and on a Dream model Dream's entropy rule and Fast-dLLM's Dream variant; the "
+                   "reference at 1/step always runs, as the oracle replays it)")
     p.add_argument("--tracelock", action="store_true",
                    help="add a TraceLock row with the controller shipped with the bundled --model (or --controller)")
     p.add_argument("--train-controller", action="store_true",

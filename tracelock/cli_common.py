@@ -31,8 +31,8 @@ REMOVED_IN = "0.2"
 TESTBED_TASKS = ("math", "code")
 TESTBED_SPLITS = ("train", "validation", "test")
 # `tracelock.policies.POLICIES` for the help texts, without importing torch (tested equal)
-POLICY_NAMES = ("confidence", "entropy", "factor", "frechet", "l2p", "l2p-hidden", "maskgit_plus", "origin",
-                "random", "threshold", "topk", "topk_margin", "tracelock")
+POLICY_NAMES = ("confidence", "credit", "eb", "entropy", "factor", "frechet", "hierarchy", "klass", "l2p", "l2p-hidden",
+                "less", "maskgit_plus", "origin", "pc", "random", "threshold", "topk", "topk_margin", "tracelock")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -519,9 +519,13 @@ def testbed_task_names(text: str) -> list[str]:
 
 
 def spec_value(text: str):
-    """A spec's value: JSON where it parses (0.9, true, 32), else the text (a path, a name)."""
+    """A spec's value: JSON where it parses (0.9, true, 32), None for ``none`` as for JSON's ``null`` (an optional
+    argument left unset, ``hierarchy:tau=none``), else the text (a path, a name). The one reading of a value in
+    every command's specs (``--policy``, ``--policies``, ``--sweep``, ``serve``)."""
     import json
 
+    if text.strip().lower() == "none":
+        return None
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -559,7 +563,7 @@ def policy_groups(text: str, *, option: str = "--policies", names=None) -> list[
             continue
         group = groups[-1]
         close = did_you_mean(head, names)
-        if not group[2] or close and not re.fullmatch(r"[-+.\deE]+|true|false", head):
+        if not group[2] or close and not re.fullmatch(r"[-+.\deE]+|true|false|null|none", head.lower()):
             # no key to list values of, or a near miss of a policy's name rather than a value
             raise ValueError(f"{option}: {head!r} is not a policy; known: {', '.join(names)}{close}")
         last = len(group[2]) - 1
@@ -590,8 +594,9 @@ def expand_policy_list(text: str, *, option: str = "--policies", names=None) -> 
 
 def parse_policy_spec(text: str, option: str = "--policy") -> tuple[str, dict]:
     """One spec ``name[:key=value[:key=value]]`` -> (name, {key: value}); values are JSON when they parse (0.9,
-    true), else strings. The arguments are checked when the policy is built (`tracelock.policies.make_policy`); a
-    list (``threshold:tau=0.9,0.7``, ``confidence,threshold``) is refused here: a singular option takes one."""
+    true; ``none`` or ``null``: None), else strings (`spec_value`). The arguments are checked when the policy is
+    built (`tracelock.policies.make_policy`); a list (``threshold:tau=0.9,0.7``, ``confidence,threshold``) is refused
+    here: a singular option takes one."""
     if not text.strip() or not text.strip().split(":")[0].strip():
         raise ValueError(f"{option} {text!r} names no policy; e.g. threshold:tau=0.9")
     if "," in text:

@@ -13,7 +13,7 @@ from tracelock.decode.settings import DecodeSettings
 from tracelock.generate import fused_generate
 from tracelock.models import load_model, load_tokenizer
 from tracelock.models.loading import resolve_path
-from tracelock.policies import check_policy, make_policy, policy_args_for
+from tracelock.policies import POLICIES, check_policy, make_policy, policy_args_for
 from tracelock.progress import progress_bar
 from tracelock.text import answer_ids, encode_prompt, read_prompt_rows
 
@@ -36,6 +36,13 @@ def check_arguments(args) -> tuple[str, dict]:
     check_named_policy(policy, policy_args)  # a value error says its policy, as every policy error does
     check_policy(policy, policy_args, gen_length=args.gen_length,
                  num_regions=args.gen_length // args.block if args.block else 1)
+    if getattr(POLICIES.get(policy), "reads_vocab", False):  # `check_memory_rule`, in the command line's words
+        if args.window:
+            raise ValueError(f"--policy {policy} keeps a memory per slot of a block, which a sliding window moves: "
+                             f"use --block N (semi-AR blocks) or neither (the whole answer), not --window {args.window}")
+        if args.temperature > 0:
+            raise ValueError(f"--policy {policy} decodes greedily, as its authors' code is checked here: drop "
+                             f"--temperature {args.temperature:g} (or pass --temperature 0)")
     ops.check_impl(args.impl, args.device)
     resolve_path(args.model)  # a missing folder or unknown name fails here
     return policy, policy_args

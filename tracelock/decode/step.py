@@ -93,12 +93,12 @@ def vocab_pass(policy: Policy, ops, head, memory: dict, region: "Region", state,
 
 
 def with_vocab(signals: Signals, vocab: dict | None) -> Signals:
-    """The step's signals with a rule's own ``proposal`` / ``confidence`` from its vocabulary pass (CreditDecoding's
-    fused logits) in place of the logits' own."""
+    """The step's signals with a rule's own ``proposal`` / ``confidence`` / ``eos_prob`` from its vocabulary pass
+    (CreditDecoding's fused logits) in place of the logits' own."""
     if not vocab or "proposal" not in vocab:
         return signals
     return Signals(vocab["proposal"], vocab.get("confidence", signals.confidence), signals.margin,
-                   signals.neg_entropy, signals.eos_prob)
+                   signals.neg_entropy, vocab.get("eos_prob", signals.eos_prob))
 
 
 def step_budget(schedule: Schedule, steps_per_region: int) -> int:

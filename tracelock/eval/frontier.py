@@ -41,9 +41,23 @@ DEFAULT_SWEEPS = {
     # as dense as tau where the curve moves: accuracy at matched steps reads a curve only at its points, so a gap in
     # the grid (theta 0.5 to 0.7 jumped from 8.6 to 20.3 steps) counts against it as if the method could not go there
     "tracelock": ("theta", (0.3, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.99)),
+    # the rules since Fast-dLLM, each at its authors' other defaults: CreditDecoding's threshold (alpha 0.7, gamma
+    # 0.2, beta 0.8), KLASS's confidence bar (kl 0.01, history 2), LESS's (drift 0.04, persist 2)
+    "credit": ("tau", (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)),
+    "klass": ("tau", (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)),
+    "less": ("tau", (0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 0.95)),
+    # dInfer's hierarchy without a threshold (tau none): a run's best commits above `low`; sweep tau with low fixed
+    # as `hierarchy:tau=0.5,0.7,0.9:low=0.4`
+    "hierarchy": ("low", (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)),
+    # the entropy budget in nats, log-spaced: 0.001 is nearly one token per step, 1.0 several
+    "eb": ("gamma", (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)),
+    # PC-Sampler runs LLaDA's schedule: tokens per step, as confidence (its background table is a fixed argument:
+    # --sweep pc:background=testbed)
+    "pc": ("per_step", (1, 2, 4, 8)),
 }
-# the schedule rules: `per_step` tokens per step is their `steps` argument at each generation length
-PER_STEP_POLICIES = ("confidence", "entropy", "maskgit_plus", "topk_margin", "random", "origin")
+# the schedule rules: `per_step` tokens per step is their `steps` argument at each generation length (any rule with
+# `steps` also takes it as a fixed argument, e.g. klass:tau=0.7,0.9:per_step=2 for its fallback's schedule)
+PER_STEP_POLICIES = ("confidence", "entropy", "maskgit_plus", "topk_margin", "random", "origin", "pc")
 # the family's own rule at one token per step (`tracelock.testbed.evaluate.reference_rule`): for Dream the paper's
 # native baseline, one token per step by neg-entropy (Dream's `entropy` commits 0, 1, ..., 1, 2 per block)
 REFERENCE_RULE = {"llada": ("confidence", {}), "dream": ("confidence", {"score": "neg_entropy"})}
@@ -88,11 +102,11 @@ def _number(text: str, where: str):
 
 
 def _value(text: str):
-    """A fixed argument: JSON (numbers, true/false) where it parses, else the text (a path, a name)."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+    """A fixed argument: JSON (numbers, true/false) where it parses, None for ``none``, else the text (a path, a name):
+    `tracelock.cli_common.spec_value`, as every command reads a spec's value."""
+    from tracelock.cli_common import spec_value
+
+    return spec_value(text)
 
 
 def parse_sweep(text: str) -> Sweep:
@@ -114,7 +128,7 @@ def parse_sweep(text: str) -> Sweep:
                          "each its own --sweep")
     name, _, pairs, listed, listed_values = groups[0]
     accepted = {p for p in inspect.signature(POLICIES[name].__init__).parameters if p != "self"}
-    if name in PER_STEP_POLICIES:
+    if name in PER_STEP_POLICIES or "steps" in accepted:
         accepted.add("per_step")
     accepted |= {"schedule", "cache", "refresh_every", "refresh_shift"}  # the runner's (see runner.RUNNER_KEYS)
     knob, values, fixed, title = None, None, {}, None

@@ -13,7 +13,9 @@ themselves (0.4.13, the current one; upstream has merged such discovery). Nothin
 (``prefix`` | ``dual``), ``refresh_every``, ``refresh_shift``, ``controller`` (TraceLock's folder), ``l2p``
 (Learn2PD's filters), ``dtype`` (``float32`` | ``bfloat16`` | ``float16``), ``quantize`` (``int8`` | ``int4`` |
 ``fp8``: `tracelock.models.quantize`), ``seed``, ``mc_samples`` / ``mc_batch``
-/ ``check_greedy`` (log-likelihood, below); every other key is an argument of the policy (``tau=0.9``).
+/ ``check_greedy`` (log-likelihood, below); every other key is an argument of the policy (``tau=0.9``;
+``per_step=k`` is ``steps=gen_length // k``). A rule with a memory per slot (``credit``, ``klass``, ``less``) decodes
+greedily in blocks: ``window=`` is refused when the model is made, a task that samples when it decodes.
 ``--batch_size`` and ``--device`` are lm-eval's own options.
 
 - ``generate_until`` decodes every request of a call with `tracelock.generate_many` (length-sorted batches of
@@ -64,6 +66,7 @@ class TraceLockLM(LM):
         import torch
 
         from tracelock.decode.settings import DecodeSettings
+        from tracelock.decode.step import check_memory_rule
         from tracelock.eval.runner import PolicySpec, build_policy
         from tracelock.models import load_model, load_tokenizer
 
@@ -85,7 +88,9 @@ class TraceLockLM(LM):
         self.batch_size = _batch_size(batch_size)
         self.mc_samples, self.mc_batch, self.check_greedy = int(mc_samples), int(mc_batch), bool(check_greedy)
         spec = PolicySpec(policy, policy, dict(policy_args))
-        self.settings = replace(settings, policy=build_policy(spec, self.model, controller=controller, l2p=l2p))
+        self.settings = replace(settings, policy=build_policy(spec, self.model, controller=controller, l2p=l2p,
+                                                              gen_length=int(gen_length)))
+        check_memory_rule(self.settings.policy, self.settings)  # a rule with a memory per slot: blocks, not a window
         self._device = self.model.device
 
     # -- prompts ----------------------------------------------------------------------------------------------
@@ -128,6 +133,10 @@ class TraceLockLM(LM):
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             temperature = float(kwargs.get("temperature", 0.0) or 0.0) if kwargs.get("do_sample") else 0.0
+            if temperature > 0 and self.settings.policy.reads_vocab:
+                raise ValueError(f"policy {self.settings.policy.name!r} decodes greedily, but this task samples "
+                                 f"(do_sample with temperature={temperature:g}); run it greedy with --gen_kwargs "
+                                 "do_sample=false, or choose a policy that samples")
             groups.setdefault((tuple(until), temperature), []).append(i)
         results = [None] * len(requests)
         for (until, temperature), indices in groups.items():

@@ -26,9 +26,10 @@ import numpy as np
 __all__ = ["HEURISTICS", "Curve", "format_matched", "gap_at_matched_steps", "matched_from_records", "matched_table",
            "recompute_matched", "steps_to_accuracy", "verdict"]
 
-# the rules that need no training: the families' schedule rules, Fast-dLLM's (both forms) and Fast-dLLM++'s
+# the rules that need no training: the families' schedule rules, Fast-dLLM's (both forms), Fast-dLLM++'s and those
+# published since (CreditDecoding, dInfer's hierarchy, KLASS, LESS, the entropy bound, PC-Sampler)
 HEURISTICS = ("confidence", "entropy", "maskgit_plus", "topk_margin", "random", "origin", "topk", "threshold",
-              "factor", "frechet")
+              "factor", "frechet", "credit", "hierarchy", "klass", "less", "eb", "pc")
 
 
 class Curve:

@@ -72,10 +72,10 @@ class Setting:
 
 
 def _value(text: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+    """A spec's value, as every command reads one (`tracelock.cli_common.spec_value`: JSON, ``none``, else text)."""
+    from tracelock.cli_common import spec_value
+
+    return spec_value(text)
 
 
 def parse_policies(text: str, option: str = "--policies") -> list[PolicySpec]:
@@ -186,7 +186,7 @@ def check_policies(policies: list, settings: list, schedule: str, *, controller=
     """Build and set up every policy at every setting without the model: a bad name, argument or value (``tau=2``,
     ``steps`` that do not split into the blocks) fails before a model loads or a point decodes, with the token that
     holds it named."""
-    from tracelock.policies import make_policy
+    from tracelock.policies import POLICIES, make_policy
 
     for setting in settings:
         for policy in policies:
@@ -198,6 +198,10 @@ def check_policies(policies: list, settings: list, schedule: str, *, controller=
                 if kind == "block" and setting.gen_length % setting.width:
                     raise ValueError(f"the block {setting.width} does not divide the generation length "
                                      f"{setting.gen_length}; give a GEN/WIDTH setting whose WIDTH divides GEN")
+                if kind == "window" and getattr(POLICIES.get(policy.name), "reads_vocab", False):
+                    raise ValueError(f"policy {policy.name!r} keeps a memory per slot of a block, which a sliding "
+                                     "window moves: decode it in blocks (schedule=block in its spec, or --schedule "
+                                     "block / auto), not in a window")
                 kwargs = _policy_kwargs(policy, None, controller, l2p, setting.gen_length)
                 make_policy(policy.name, **kwargs).setup(gen_length=setting.gen_length, num_regions=regions)
             except (ValueError, TypeError) as err:

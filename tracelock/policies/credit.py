@@ -69,21 +69,25 @@ class CreditPolicy(Policy):
         self.beta = _unit("beta", beta)
         check_flags(first_token=first_token, hold_end=hold_end)
         self.first_token, self.hold_end = first_token, hold_end
-        self._mask_id = None
+        self._mask_id = self._eos_id = None
 
     def memory_spec(self, *, width: int, spec) -> dict:
-        self._mask_id = spec.mask_id
+        self._mask_id, self._eos_id = spec.mask_id, spec.eos_id
         return {"credit": ((width, spec.vocab_size), torch.float32)}
 
     def vocab_fields(self) -> dict:
-        return {"proposal": torch.long, "confidence": torch.float32}
+        return {"proposal": torch.long, "confidence": torch.float32, "eos_prob": torch.float32}
 
     def vocab_pass(self, ops, logits, memory, active, fresh, width) -> dict:
         b, w, V = logits.shape
         proposal, confidence = ops.credit_fuse(
             logits.reshape(b * w, V), memory["credit"].view(b * w, V), active.reshape(-1),
             fresh.repeat_interleave(w), self.alpha, self.gamma, self.beta)
-        return {"proposal": proposal.view(b, w), "confidence": confidence.view(b, w)}
+        proposal, confidence = proposal.view(b, w), confidence.view(b, w)
+        # hold_end reads the end token's probability against the confidence: here the fused proposal's, so a slot
+        # proposes the end exactly when its fused argmax is the end token
+        ends = proposal == self._eos_id if self._eos_id is not None else torch.zeros_like(proposal, dtype=torch.bool)
+        return {"proposal": proposal, "confidence": confidence, "eos_prob": torch.where(ends, confidence, 0.0)}
 
     def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
         active = inp.active & ~held_ends(inp) if self.hold_end else inp.active

@@ -143,12 +143,12 @@ def create_app(state: ServerState) -> FastAPI:
             if state.mask_id in prompt:
                 raise APIError(400, f"{field} contains the mask token (id {state.mask_id}); remove it", field)
             config.check_prompt(len(prompt), gen_length, field)
+            setting = config.setting(policy, gen_length, req.temperature, req.seed)
         except APIError as err:
             return error_response(err, endpoint.name)
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-        sub = Submission(prompt=prompt, setting=config.setting(policy, gen_length, req.temperature, req.seed),
-                         policy=policy, max_tokens=max_tokens, stops=req.stops, stream=req.stream,
-                         emit=_emitter(loop, queue))
+        sub = Submission(prompt=prompt, setting=setting, policy=policy, max_tokens=max_tokens, stops=req.stops,
+                         stream=req.stream, emit=_emitter(loop, queue))
         if not state.scheduler.submit(sub):
             return refusal(429, f"the server is full ({config.max_batch} requests decoding, "
                                 f"{state.scheduler.max_waiting} waiting)", "server_full", endpoint.name)

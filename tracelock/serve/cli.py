@@ -106,11 +106,26 @@ def serve_config(args, max_positions: int):
         raise ValueError("--api-key must be a non-empty key without spaces (clients send it as 'Bearer KEY')")
     gen_lengths = _gen_lengths(args.gen_lengths)
     try:
-        return ServeConfig(model_name=name, policies=policies, max_positions=max_positions,
-                           max_tokens=args.max_tokens, default_max_tokens=args.default_max_tokens,
-                           max_batch=args.max_batch, gen_lengths=gen_lengths, api_key=api_key)
+        config = ServeConfig(model_name=name, policies=policies, max_positions=max_positions,
+                             max_tokens=args.max_tokens, default_max_tokens=args.default_max_tokens,
+                             max_batch=args.max_batch, gen_lengths=gen_lengths, api_key=api_key)
     except ValueError as err:  # its messages name --policy
         raise ValueError(str(err).replace("--policy ", option + " ", 1)) from None
+    check_rules(config, option)
+    return config
+
+
+def check_rules(config, option: str = "--policies") -> None:
+    """Every served policy's arguments, and the values of each that needs no model or files from disk (a learned one
+    is built once the model loads), as `fused_generate` checks them: a bad argument or value (``klass:tau=2``,
+    ``credit:alpah=0.5``) is one error line naming it, and the argument meant, before the model loads."""
+    from tracelock.api import check_named_policy
+
+    for p in config.policies:
+        try:
+            check_named_policy(p.name, p.args)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{option} {p.label}: {err}") from None
 
 
 def build_state(args):

@@ -46,6 +46,14 @@ class ServedPolicy:
         return with_steps(self.name, self.args, gen_length)
 
 
+def remembers(name: str) -> bool:
+    """Whether the named policy keeps a memory per slot from step to step (CreditDecoding, KLASS, LESS): such a rule
+    decodes greedily and in blocks (`tracelock.decode.step.check_memory_rule`)."""
+    from tracelock.policies import POLICIES
+
+    return bool(getattr(POLICIES.get(name), "reads_vocab", False))
+
+
 def parse_served_policies(text: str, *, block: int | None, window: int | None, cache: str | None) -> list:
     """The `ServedPolicy` list of ``--policy`` (comma-separated ``name[:key=value...]``; the first is the default).
 
@@ -81,6 +89,10 @@ def parse_served_policies(text: str, *, block: int | None, window: int | None, c
                            "block" if "block" in decode else "window", 0.0)
         except ValueError as err:  # its message names the keyword, not the option it came from
             raise ValueError(f"--policy {spec.label}: {err}") from None
+        if "window" in decode and remembers(spec.name):
+            raise ValueError(f"--policy {spec.label}: {spec.name} keeps a memory per slot of a block, which a sliding "
+                             f"window moves: serve it in blocks (--block N, or block=N in its spec), not in a window "
+                             f"of {decode['window']}")
         served.append(ServedPolicy(spec.label, spec.name, args, {k: v for k, v in decode.items() if v is not None}))
     return served
 
@@ -153,8 +165,14 @@ class ServeConfig:
         return max_tokens, -(-max_tokens // width) * width
 
     def setting(self, policy: ServedPolicy, gen_length: int, temperature: float | None, seed: int | None):
-        """The `DecodeSetting` of a request (seed matters only when sampling, so greedy requests share engines)."""
+        """The `DecodeSetting` of a request (seed matters only when sampling, so greedy requests share engines). A
+        rule with a memory per slot decodes greedily: a request that asks it to sample is a 400 naming
+        ``temperature``."""
         temperature = float(temperature or 0.0)
+        if temperature > 0 and remembers(policy.name):
+            raise APIError(400, f"temperature={temperature:g}: the policy {policy.label!r} keeps a memory per slot and "
+                                "decodes greedily; send temperature 0 (or leave it out), or choose another of this "
+                                f"server's policies ({', '.join(self.by_label)})", "temperature")
         return DecodeSetting(policy.label, gen_length, temperature, int(seed or 0) if temperature > 0 else 0)
 
     def check_prompt(self, prompt_tokens: int, gen_length: int, param: str) -> None:

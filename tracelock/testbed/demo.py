@@ -1,4 +1,5 @@
-"""`tracelock demo`: the bundled testbed model, held-out items, every heuristic baseline, one table each."""
+"""`tracelock demo`: the bundled testbed model, held-out items, every heuristic baseline, one table each
+(``--policies`` picks the rows, and adds any other rule as a row of its own: ``--policies credit,klass``)."""
 
 import json
 import time
@@ -9,6 +10,8 @@ from safetensors.torch import load_file, save_file
 from tracelock.atomic import atomic_write, atomic_write_json
 from tracelock.cli_common import POLICY_NAMES, expand_policy_list, spec_value, testbed_task_names, warn_deprecated
 from tracelock.models import load_model, load_tokenizer
+from tracelock.models.loading import resolve_path
+from tracelock.models.spec import ModelSpec
 from tracelock.progress import progress_bar, status
 from tracelock.tasks import draw, held_out
 from tracelock.testbed.evaluate import (
@@ -41,16 +44,38 @@ def _demo_controller(args):
     return run
 
 
+def _check_rows(rows: list, *, gen_length: int, block, window) -> None:
+    """The ``--policies`` rows' policies built and set up without the model, so a bad spec fails before any row
+    decodes; a rule with a memory per slot (credit, klass, less) runs in blocks, not in a window."""
+    from tracelock.api import check_named_policy
+    from tracelock.policies import POLICIES, check_policy
+
+    for label, name, args in rows:
+        try:
+            check_named_policy(name, args)
+            check_policy(name, args, gen_length=gen_length, num_regions=gen_length // block if block else 1)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"--policies {label}: {err}") from None
+        if window and POLICIES[name].reads_vocab:
+            raise ValueError(f"--policies {label}: {name} keeps a memory per slot of a block, which a sliding window "
+                             f"moves: decode in blocks (--block N; testbed-eval: --schedule block), not in a window "
+                             f"of {window}")
+
+
 def run_demo(args) -> int:
     t0 = time.perf_counter()
-    controller = _demo_controller(args) if args.tracelock or args.controller or args.train_controller else None
-    model, tokenizer = load_model(args.model), load_tokenizer(args.model)
     block = args.block if args.block or args.window else 16
     width = args.window or block
+    family = ModelSpec.from_pretrained(resolve_path(args.model)).family
+    default = demo_policies(args.gen_length, family)
+    policies = _chosen_policies(default, getattr(args, "policies", None), command="tracelock demo", labels=False)
+    _check_rows([row for row in policies if row not in default], gen_length=args.gen_length,
+                block=None if args.window else block, window=args.window)
+    controller = _demo_controller(args) if args.tracelock or args.controller or args.train_controller else None
+    model, tokenizer = load_model(args.model), load_tokenizer(args.model)
     setting = f"gen {args.gen_length}, " + (f"window {args.window}" if args.window else f"block {block}")
     for task in testbed_task_names(args.tasks):
         items = held_out(task, "test", args.limit, seed=args.seed)
-        policies = demo_policies(args.gen_length, model.spec.family)
         # every row decodes every item: the baselines, the oracle and, if asked, TraceLock
         bar = progress_bar(total=len(items) * (len(policies) + 1 + (controller is not None)), desc=task)
         rows = evaluate_policies(model, tokenizer, items, gen_length=args.gen_length,
@@ -75,26 +100,28 @@ def _spec(name: str, args: dict) -> str:
     return name + "".join(f":{k}={v}" for k, v in args.items())
 
 
-def _chosen_policies(policies: list, wanted) -> list:
+def _chosen_policies(policies: list, wanted, *, command: str = "tracelock testbed-eval", labels: bool = True) -> list:
     """The rows ``wanted`` names (comma-separated policy specs such as ``threshold:tau=0.9``, or, deprecated, the
-    rows' labels such as "threshold 0.9"; None: all), in table order; a spec that is no row of this setting's table
-    becomes a row of its own, labelled by its spec, after them. The first row, the reference the oracle replays,
-    is always kept."""
+    rows' labels such as "threshold 0.9" when ``labels``; None: all), in table order; a spec that is no row of this
+    setting's table becomes a row of its own, labelled by its spec, after them (``credit:tau=0.9``, ``klass``). The
+    first row, the reference the oracle replays, is always kept."""
     if not wanted:
         return policies
-    labels = {label for label, _, _ in policies}
+    row_labels = {label for label, _, _ in policies}
     chosen, extra, specs = set(), [], []
     for token in (t.strip() for t in wanted.split(",")):
-        if token in labels:
+        if labels and token in row_labels:
             name, args = next((n, a) for label, n, a in policies if label == token)
-            warn_deprecated("tracelock testbed-eval", f"--policies {token!r}", f"--policies {_spec(name, args)}")
+            warn_deprecated(command, f"--policies {token!r}", f"--policies {_spec(name, args)}")
             chosen.add(token)
         elif token:
             specs.append(token)
     try:
         expanded = expand_policy_list(",".join(specs), names=POLICY_NAMES) if specs else []
     except ValueError as err:
-        raise ValueError(f"{err} (nor a row of the table: {', '.join(repr(label) for label in labels)})") from None
+        if not labels:
+            raise
+        raise ValueError(f"{err} (nor a row of the table: {', '.join(repr(label) for label in row_labels)})") from None
     for token, name, pairs in expanded:
         args = {k: spec_value(v) for k, v in pairs}
         match = next((label for label, n, a in policies if (n, a) == (name, args)), None)
@@ -111,6 +138,15 @@ def run_eval(args) -> int:
     Resumable per policy row: each finished row is written to ``--out`` at once (atomically), and the reference
     run's canvases, which the oracle row replays, to ``<out>.canvas.safetensors``; a rerun skips what is there.
     """
+    family = ModelSpec.from_pretrained(resolve_path(args.model)).family
+    chosen = {}  # each setting's rows, their specs checked before the model loads
+    for setting in args.settings.split(","):
+        gen_length, width = _setting(setting)
+        default = baseline_policies(gen_length, family)
+        chosen[setting] = _chosen_policies(default, args.policies)
+        _check_rows([row for row in chosen[setting] if row not in default], gen_length=gen_length,
+                    block=width if args.schedule == "block" else None,
+                    window=width if args.schedule == "window" else None)
     model, tokenizer = load_model(args.model, device=args.device), load_tokenizer(args.model)
     out = Path(args.out)
     canvas_file = out.with_name(out.name + ".canvas.safetensors")
@@ -128,7 +164,7 @@ def run_eval(args) -> int:
                 raise ValueError(f"{out} holds {key!r} measured on {rows[0]['n']} items; pass --limit "
                                  f"{rows[0]['n']} to resume it, or another --out for {len(items)} items")
             done = {r["policy"] for r in rows}
-            policies = _chosen_policies(baseline_policies(gen_length, model.spec.family), args.policies)
+            policies = chosen[setting]
             for label, name, policy_args in policies:
                 if label in done:
                     continue
