@@ -37,17 +37,19 @@ one; the row KLASS then reads at position i is LLaDA's own row i). The peers' ow
 
 Where tracelock is known to differ from a peer, only by floating-point rounding of a confidence that meets an exact
 tie in the peer's rule, the check follows the two step traces to the first step where they part and passes only if
-that step's difference is such a tie (`_tie`), with the canvases equal up to it; the run's later tokens and forward
-count are then not compared (a `PeerTie` warning names the run), and every parity test still compares at least one
-prompt in full:
+that step's difference is such a tie (`_tie_between`: each slot committed by one side only has the float32
+confidence, the peer's or tracelock's, of a slot of its group committed at that step), with the canvases equal up to
+it; the run's later tokens and forward count are then not compared (a `PeerTie` warning names the run), and every
+parity test still compares at least one prompt in full:
 
 - ``hierarchy`` with tau None: dInfer's rule marks every slot equal to its run's best confidence, a confidence it
   computes as ``exp(log_softmax(logits))`` of the proposal; tracelock's policy reads the step's confidence signal,
   which differs from it by a few float32 ulps near 1.0. So two slots of a run may tie (both commit) on one side and
-  not on the other (one commits): on the testbed the tokens come out equal, but the forward count differs by one.
-- ``klass:form=dream``: when no slot is ready, KLASS commits the slot with the highest ``sample_tokens`` confidence,
-  a softmax in the model's dtype whose ties go to the lowest position; tracelock ranks by the float64 confidence of
-  its readiness test. They part where two slots tie in float32 but not in float64 (seen on the LLaDA model at gen 64).
+  not on the other (one commits): the tokens come out equal, but the forward count differs by one (seen on the Dream
+  model at gen 64, block 32: prompts 0 and 1 of (None, 0.4); also on the LLaDA model with other prompts and blocks).
+
+``klass:form=dream`` ranks its one fallback by the softmax in the logits' dtype, as KLASS's Dream code does, so its
+runs are compared in full.
 """
 
 import functools

@@ -116,9 +116,10 @@ def test_klass_ready_and_fallbacks():
     dream = make_policy("klass", tau=0.9, form="dream")
     dream.setup(gen_length=8, num_regions=1)
     # the Dream form: conf >= 0.9 and no step gate: slots 0 and 1
-    assert _picked(dream.select(_inp([0] * 4, step=0, vocab=vocab))) == [0, 1]
-    none_ready = {"confidence": [0.5, 0.7, 0.6, 0.1], "stable": [True] * 4}
-    assert _picked(dream.select(_inp([0] * 4, vocab=none_ready))) == [1]
+    assert _picked(dream.select(_inp([0] * 4, step=0, vocab={**vocab, "fallback": [0.0] * 4}))) == [0, 1]
+    # nobody ready: the one best by the fallback's ranking (the softmax in the logits' dtype), not by confidence
+    none_ready = {"confidence": [0.5, 0.7, 0.6, 0.1], "stable": [True] * 4, "fallback": [0.5, 0.7, 0.8, 0.1]}
+    assert _picked(dream.select(_inp([0] * 4, vocab=none_ready))) == [2]
 
 
 # ---- the vocabulary passes and their memory ------------------------------------------------------------------------

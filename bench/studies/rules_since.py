@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tracelock.eval.matched import Curve, _best_at_or_below, _interval, gap_at_matched_steps  # noqa: E402
+from tracelock.eval.matched import Curve, _best_at_or_below, _envelope, _interval, gap_at_matched_steps  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results" / "rules-since-validation"
@@ -204,15 +204,42 @@ def _draws(curves: dict, resamples: int, seed: int) -> list:
             for r in range(resamples)]
 
 
-def _measure(curves: dict, leader: str, runner_up: str) -> dict:
-    """Every statistic of a cell on one (possibly resampled) set of curves."""
+def gap_past_the_end(policy, others: list) -> float | None:
+    """For a curve that starts where every other has ended (no range in common, so `gap_at_matched_steps` has no
+    answer): the mean over the curve's own step range of its acc(s) minus the others' envelope read as the step
+    function does past their dearest points (their best at or below s steps). None where the envelope starts above
+    the curve's cheapest point."""
+    steps, acc = policy.points()
+    lo, hi = steps.min(), steps.max()
+    if min(c.points()[0].min() for c in others) > lo:
+        return None
+    if hi == lo:
+        s = np.array([lo])
+        return float((_best_at_or_below(steps, acc, s) - _envelope(others, s))[0])
+    cuts = np.unique(np.concatenate([steps, *(c.points()[0] for c in others), [lo, hi]]))
+    cuts = cuts[(cuts >= lo) & (cuts <= hi)]
+    left = cuts[:-1]
+    diff = _best_at_or_below(steps, acc, left) - _envelope(others, left)
+    return float((diff * np.diff(cuts)).sum() / (hi - lo))
+
+
+def _measure(curves: dict, leader: str, runner_up: str, past: tuple = ()) -> dict:
+    """Every statistic of a cell on one (possibly resampled) set of curves; ``past``: the comparisons (``("envelope",
+    rule)`` or a pair of rules) also read by `gap_past_the_end`, having no step range in common."""
     existing = [c for name, c in curves.items() if kind_of(name) == "existing"]
     new = [name for name in curves if kind_of(name) == "new"]
     out = {}
     for i, a in enumerate(new):
         out[("envelope", a)] = gap_at_matched_steps(curves[a], existing)
+        if ("envelope", a) in past:
+            out[("past", "envelope", a)] = gap_past_the_end(curves[a], existing)
         for b in new[i + 1:]:
             out[(a, b)] = gap_at_matched_steps(curves[a], [curves[b]])
+            if (a, b) in past:  # the dearer one read past the other's end; the cheaper one gets its sign turned
+                if curves[a].points()[0].min() >= curves[b].points()[0].max():
+                    out[("past", a, b)] = gap_past_the_end(curves[a], [curves[b]])
+                else:
+                    out[("past", a, b)] = _signed(gap_past_the_end(curves[b], [curves[a]]), -1)
     lo, hi = common_range(curves)
     out["margin"] = mean_accuracy(curves[leader], lo, hi) - mean_accuracy(curves[runner_up], lo, hi)
     return out
@@ -246,8 +273,10 @@ def analyse_cell(path: Path, *, resamples: int = RESAMPLES, seed: int = 0) -> di
     leader, runner_up = ranked[0], ranked[1]
     best_existing = next(name for name in ranked if kind_of(name) == "existing")
     point = _measure(curves, leader, runner_up)
+    past = tuple(key for key, value in point.items() if isinstance(key, tuple) and value is None)
+    point = _measure(curves, leader, runner_up, past)
     n = len(rec["ids"])
-    draws = [_measure(d, leader, runner_up) for d in _draws(curves, resamples, seed)]
+    draws = [_measure(d, leader, runner_up, past) for d in _draws(curves, resamples, seed)]
     new = [name for name in curves if kind_of(name) == "new"]
     rules = {}
     for a in new:
@@ -257,8 +286,14 @@ def analyse_cell(path: Path, *, resamples: int = RESAMPLES, seed: int = 0) -> di
                 continue
             key, sign = ((a, b), 1) if (a, b) in point else ((b, a), -1)
             vs_new[b] = _stat(_signed(point[key], sign), [_signed(d[key], sign) for d in draws])
+            if key in past:  # no step range in common: the dearer one read past the other's end
+                vs_new[b]["past_the_end"] = _stat(_signed(point[("past", *key)], sign),
+                                                  [_signed(d[("past", *key)], sign) for d in draws])
         rules[a] = dict(vs_existing=_stat(point[("envelope", a)], [d[("envelope", a)] for d in draws]),
                         mean_accuracy=means[a], vs_new=vs_new)
+        if ("envelope", a) in past:  # no step range in common with the existing rules: read past their end
+            rules[a]["vs_existing_past_their_end"] = _stat(point[("past", "envelope", a)],
+                                                           [d[("past", "envelope", a)] for d in draws])
     margin = _stat(point["margin"], [d["margin"] for d in draws])
     return dict(
         model=rec["model"], task=rec["task"], setting=rec["setting"], n=n, seed=rec["seed"],
@@ -317,9 +352,12 @@ def format_summary(result: dict) -> str:
                   "", "| rule | mean acc | vs existing envelope | " + " | ".join(cell["new"]) + " |",
                   "|---|---|---|" + "---|" * len(cell["new"])]
         for rule, r in cell["new"].items():
-            row = [_cell_text(r["vs_new"][b]) if b in r["vs_new"] else "" for b in cell["new"]]
-            lines.append(f"| {rule} | {100 * r['mean_accuracy']:.1f}% | {_cell_text(r['vs_existing'])} "
-                         f"{r['vs_existing']['verdict']} | " + " | ".join(row) + " |")
+            row = ["" if b not in r["vs_new"] else _cell_text(r["vs_new"][b]) if "past_the_end" not in r["vs_new"][b]
+                   else f"{_cell_text(r['vs_new'][b]['past_the_end'])} (past)" for b in cell["new"]]
+            x = r.get("vs_existing_past_their_end", r["vs_existing"])
+            note = " (past their end)" if "vs_existing_past_their_end" in r else ""
+            lines.append(f"| {rule} | {100 * r['mean_accuracy']:.1f}% | {_cell_text(x)} {x['verdict']}{note} | "
+                         + " | ".join(row) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -346,9 +384,11 @@ def format_docs(result: dict) -> str:
         for rule, r in cell["new"].items():
             pts = cell["curves"][rule]["points"]
             steps, accs = [p[1] for p in pts], [p[2] for p in pts]
-            x = r["vs_existing"]
+            x, past = r["vs_existing"], r.get("vs_existing_past_their_end")
+            gap = _cell_text(x) if past is None else f"{_cell_text(past)} (past their end)"
+            reading = x["verdict"] if past is None else f"{past['verdict']}: dearer than every existing point"
             lines.append(f"| {rule} | {min(steps):.1f}-{max(steps):.1f}, {100 * min(accs):.0f}-{100 * max(accs):.0f}% "
-                         f"| {_cell_text(x)} | {x['verdict'] or 'no overlap'} |")
+                         f"| {gap} | {reading} |")
         lines.append("")
     return "\n".join(lines).rstrip("\n")
 

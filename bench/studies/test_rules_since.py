@@ -64,6 +64,10 @@ def test_a_curve_ending_below_the_others_start_is_read_at_its_best():
     assert rs.common_range(curves) == (12.0, 20.0)
     assert rs.mean_accuracy(curves["a"], 12.0, 20.0) == 1.0  # its best point, 8 steps
     assert rs.mean_accuracy(curves["c"], 12.0, 20.0) == 0.5  # 50% from 12 steps on; 100% only at 20
+    # c starts where a has ended: no range in common at matched steps; past a's end, c is 0.5 below a's best
+    assert rs.gap_at_matched_steps(curves["c"], [curves["a"]]) is None
+    assert rs.gap_past_the_end(curves["c"], [curves["a"]]) == -0.5
+    assert rs.gap_past_the_end(curves["a"], [curves["c"]]) is None  # c has no point at or below 4 steps
 
 
 def test_every_cells_specs_build():

@@ -11,7 +11,7 @@ confidence clears ``tau`` and every KL in its ring is ``< kl``. If a row has rea
   block after its ``steps`` share even with masks left; here, as in LLaDA's rules of this package, a block whose
   budget is spent commits what is left.
 - ``form="dream"`` (its Dream ``_sample``, ``alg='klass'``, whole answer): ``conf >= tau``, no step gate; otherwise
-  the one most confident slot.
+  the one most confident slot (ranked by the softmax in the logits' dtype, as its code ranks it).
 
 KLASS runs the whole sequence every step, so a block's slots already have a previous distribution and a KL ring
 when the block starts. Here the memory covers the next block as well (the step reads its logits too), so the
@@ -80,7 +80,8 @@ class KlassPolicy(Policy):
                 "kl_ring": ((width, self.history), torch.float64)}
 
     def vocab_fields(self) -> dict:
-        return {"confidence": torch.float32, "stable": torch.bool}
+        return {"confidence": torch.float32, "stable": torch.bool,
+                **({"fallback": torch.float32} if self.form == "dream" else {})}
 
     def vocab_pass(self, ops, logits, memory, active, fresh, width) -> dict:
         b, w, V = logits.shape
@@ -94,17 +95,21 @@ class KlassPolicy(Policy):
         ring.copy_(torch.where(new, shifted_ring, ring))
         _, confidence, kl = ops.step_kl(logits.reshape(b * w, V), prev.view(b * w, V))
         ring.copy_(torch.cat([ring[..., 1:], kl.view(b, w, 1).to(ring.dtype)], -1))
-        return {"confidence": confidence.view(b, w).float(), "stable": (ring < self.kl).all(-1)}
+        out = {"confidence": confidence.view(b, w).float(), "stable": (ring < self.kl).all(-1)}
+        if self.form == "dream":
+            # KLASS's Dream code ranks its one fallback by the softmax in the logits' dtype (ties to the lowest
+            # position), not by its float64 confidence
+            out["fallback"] = logits.softmax(dim=-1).amax(dim=-1).float()
+        return out
 
     def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
         active = inp.active & ~held_ends(inp) if self.hold_end else inp.active
         conf, stable = inp.vocab["confidence"], inp.vocab["stable"]
         if self.form == "llada":
             ready = active & stable & (conf > self.tau) & (inp.region_step >= self.history - 1)[:, None]
-            k = llada_schedule_k(inp, self.steps_per_region())
+            fallback = topk_mask(conf, active, llada_schedule_k(inp, self.steps_per_region()))
         else:
             ready = active & stable & (conf >= self.tau)
-            k = torch.ones_like(inp.region_step)
-        fallback = topk_mask(conf, active, k)
+            fallback = topk_mask(inp.vocab["fallback"], active, torch.ones_like(inp.region_step))
         chosen = torch.where(ready.any(-1, keepdim=True), ready, fallback)
         return first_token_form(inp, chosen) if self.first_token else chosen
