@@ -54,6 +54,8 @@ def test_rule_step_against_threshold(request, benchmark, machine, bundled, rule,
     if compiled and benchmark.disabled:
         pytest.skip("the compiled engine is timed with --benchmark only (inductor compiles for minutes here)")
     name, model, prompts = bundled
+    if benchmark.disabled:
+        prompts = prompts[:2]  # a smoke run checks the engines on two prompts
     args = {k: name if k == "background" else v for k, v in RULES[rule].items()}
     policies = {rule: (rule, args), "threshold": ("threshold", {"tau": 0.9})}
     engines = {p: _engine(model, prompts, *spec, compiled) for p, spec in policies.items()}
@@ -63,7 +65,7 @@ def test_rule_step_against_threshold(request, benchmark, machine, bundled, rule,
         engine.forwards = 0
         forwards[p] = _checked(engine, model, prompts, *policies[p])
     benchmark.group = f"rules-{name}-{'compiled' if compiled else 'engine'}-B{ITEMS}-gen{GEN}-block{BLOCK}"
-    benchmark.extra_info.update(machine, model=name, items=ITEMS, rule=rule, args=args, forwards=forwards)
+    benchmark.extra_info.update(machine, model=name, items=len(prompts), rule=rule, args=args, forwards=forwards)
     if benchmark.disabled:
         return
     rounds = request.config.getoption("--bench-rounds")

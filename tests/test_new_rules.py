@@ -221,7 +221,8 @@ def test_fused_equals_reference(tiny, rule):
     prompts = random_prompts(tiny)
     args = _args(rule, "testbed")
     kws = (dict(block=4), dict(), dict(block=4, policy_args={**args, "hold_end": True}))
-    if rule in ("klass", "less"):  # their kernels are slow under the CPU interpreter (tests/test_kernel_*.py check them)
+    # their kernels are slow under the CPU interpreter (tests/test_kernel_*.py check them)
+    if rule in ("klass", "less"):
         prompts, kws = prompts[:1], kws[:1] if rule == "less" else kws[:2]
     for kw in kws:
         kw = {"policy_args": args, **kw}
