@@ -15,7 +15,6 @@ from tracelock.decode import step as verbs
 from tracelock.decode.engine import DecodeEngine
 from tracelock.decode.loop import REFERENCE_VOCAB_OPS
 from tracelock.policies import POLICIES, StepInput, make_policy
-from tracelock.policies.credit import dinfer_threshold
 from tracelock.policies.hierarchy import run_best
 from tracelock.reference import reference_generate
 from tracelock.signals import Signals
@@ -44,21 +43,23 @@ def _picked(mask):
 # ---- the selections ------------------------------------------------------------------------------------------------
 
 
-def test_dinfer_threshold_commits_above_tau_or_within_1e5_of_the_best():
+def _credit(tau):
+    policy = make_policy("credit", tau=tau)
+    policy.memory_spec(width=4, spec=type("Spec", (), {"mask_id": 7, "vocab_size": 16, "eos_id": 1})())
+    return policy
+
+
+def test_credit_commits_above_tau_or_within_1e5_of_the_best():
     # tau 0.9: the bar is min(0.95 - 1e-5, 0.9) = 0.9, and 0.9 >= 0.9 commits (dInfer compares with >=)
-    conf = torch.tensor([[0.5, 0.95, 0.9, 0.89, 0.3]])
-    assert _picked(dinfer_threshold(conf, torch.ones_like(conf, dtype=torch.bool), 0.9)) == [1, 2]
+    assert _picked(_credit(0.9).select(_inp([0.5, 0.95, 0.9, 0.89, 0.3]))) == [1, 2]
     # nothing clears tau: the best and every slot within 1e-5 of it commit (0.599995 >= 0.6 - 1e-5)
-    conf = torch.tensor([[0.5, 0.6, 0.599995, 0.2]])
-    assert _picked(dinfer_threshold(conf, torch.ones_like(conf, dtype=torch.bool), 0.9)) == [1, 2]
+    assert _picked(_credit(0.9).select(_inp([0.5, 0.6, 0.599995, 0.2]))) == [1, 2]
     # an inactive slot counts as -inf, even when it is the best: the bar falls to 0.599995 - 1e-5
-    active = torch.tensor([[True, False, True, True]])
-    assert _picked(dinfer_threshold(conf, active, 0.9)) == [2]
+    assert _picked(_credit(0.9).select(_inp([0.5, 0.6, 0.599995, 0.2], [True, False, True, True]))) == [2]
 
 
 def test_credit_never_commits_a_mask_token_proposal():
-    policy = make_policy("credit", tau=0.5)
-    policy.memory_spec(width=4, spec=type("Spec", (), {"mask_id": 7, "vocab_size": 16, "eos_id": 1})())
+    policy = _credit(0.5)
     # slot 1 is the most confident but proposes the mask token (7): dInfer drops it, so slot 2 is the best left
     inp = _inp([0.3, 0.99, 0.45, 0.2], proposal=[1, 7, 2, 3])
     assert _picked(policy.select(inp)) == [2]

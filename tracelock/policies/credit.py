@@ -7,7 +7,9 @@ zero on its block's first step), a masked slot's top-1 token gains ``p1 ** gamma
 log(C + 1)``, and dInfer's threshold rule (``get_transfer_index_threshold``) runs on them: the proposal is the fused
 argmax; confidence ``c`` is its fused probability, -inf where the proposal is the mask token; a row commits every slot
 with ``c >= min(max(c) - 1e-5, tau)`` (so always its most confident one, and any within 1e-5 of it). The vocabulary
-work is one op, `tracelock.ops.credit_fuse` (spec: ``kernels.ref.credit_fuse_ref``).
+work is one op, `tracelock.ops.credit_fuse` (spec: ``kernels.ref.credit_fuse_ref``); the commits go through
+`tracelock.ops.commit_step` (``c >= bar`` as the sign of the margin ``c - bar``). Where every masked slot proposes the
+mask token dInfer commits nothing (and loops); here the most confident slot still commits.
 """
 
 from __future__ import annotations
@@ -16,17 +18,11 @@ import math
 
 import torch
 
-from .base import Policy, StepInput, check_flags, first_token_form, held_ends
+from tracelock.kernels.ref import commit_margin_threshold, commit_select_ref
 
-__all__ = ["CreditPolicy", "dinfer_threshold"]
+from .base import CommitRule, Policy, StepInput, check_flags, first_token_form, held_ends
 
-
-def dinfer_threshold(confidence: torch.Tensor, active: torch.Tensor, tau: float) -> torch.Tensor:
-    """dInfer's threshold rule: [B, R] active slots with ``c >= clamp(max(c) - 1e-5, -1000, tau)``, the confidences of
-    inactive slots counted as -inf."""
-    c = torch.where(active, confidence, float("-inf"))
-    bar = (c.max(dim=-1, keepdim=True).values - 1e-5).clamp(-1000, tau)
-    return active & (c >= bar)
+__all__ = ["CreditPolicy"]
 
 
 def _unit(name: str, value, low_open: bool = False) -> float:
@@ -89,9 +85,23 @@ class CreditPolicy(Policy):
         ends = proposal == self._eos_id if self._eos_id is not None else torch.zeros_like(proposal, dtype=torch.bool)
         return {"proposal": proposal, "confidence": confidence, "eos_prob": torch.where(ends, confidence, 0.0)}
 
-    def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
-        active = inp.active & ~held_ends(inp) if self.hold_end else inp.active
+    def _rule(self, inp: StepInput) -> CommitRule:
+        """dInfer's threshold as `commit_step`'s rule: score c, a per-row bar ``min(max c - 1e-5, tau)`` and
+        ``sigmoid(c - bar) >= 1/2``, i.e. ``c >= bar``, exactly (the op decides on the margin's sign)."""
+        held = held_ends(inp) if self.hold_end else None
         # dInfer never commits the mask token as a proposal
-        proposes = active if self._mask_id is None else active & (inp.signals.proposal != self._mask_id)
-        chosen = dinfer_threshold(inp.signals.confidence, proposes, self.tau)
+        proposes = inp.active if self._mask_id is None else inp.active & (inp.signals.proposal != self._mask_id)
+        c = torch.where(proposes, inp.signals.confidence.float(), float("-inf"))
+        bar = (torch.where(held, float("-inf"), c) if held is not None else c).amax(-1) - 1e-5
+        return CommitRule(score=c, tau=bar.clamp(-1000, self.tau), theta=0.5, fallback_score=c, held=held,
+                          inclusive=True)
+
+    def commit_rule(self, inp: StepInput) -> CommitRule | None:
+        # the Dream form's first step commits the region's first masked position: `select` decides it
+        return None if self.first_token else self._rule(inp)
+
+    def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
+        rule = self._rule(inp)
+        chosen = commit_select_ref(rule.score - rule.tau[:, None], inp.active, commit_margin_threshold(0.5, True), 0,
+                                   rule.fallback_score, rule.held)
         return first_token_form(inp, chosen) if self.first_token else chosen
