@@ -487,7 +487,14 @@ def topk_js_ref(logits: torch.Tensor, prev_ids: torch.Tensor, prev_probs: torch.
     """
     K = prev_ids.shape[1]
     x = logits.float()
-    ids = x.sort(dim=-1, descending=True, stable=True).indices[:, :K]
+    # the K largest logits, ties at the K-th to the lowest indices (a full stable sort does the same, slower)
+    kth = x.topk(K, dim=-1).values[:, -1:]
+    above = x > kth
+    tied = (x == kth) & ((x == kth).cumsum(-1) <= K - above.sum(-1, keepdim=True))
+    # the chosen columns, lowest first (distinct keys, so topk is exact; no host sync)
+    col = torch.arange(x.shape[-1], 0, -1, device=x.device)
+    ids = torch.where(above | tied, col, 0).topk(K, dim=-1).values.neg().add(x.shape[-1])
+    ids = ids.gather(1, x.gather(1, ids).sort(dim=-1, descending=True, stable=True).indices)
     probs = x.softmax(dim=-1).gather(1, ids)
     # listed by probability (logits a rounding apart can share one), ties to the lowest index
     by_index = ids.sort(dim=-1, stable=True)
