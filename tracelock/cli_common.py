@@ -562,7 +562,8 @@ def policy_groups(text: str, *, option: str = "--policies", names=None) -> list[
             groups.append([head, item, _pairs(item, rest, option), None, None])
             continue
         group = groups[-1]
-        close = did_you_mean(head, names)
+        # one or two characters are a value, not a near miss of a short name ("b" is no misspelt "eb")
+        close = did_you_mean(head, names) if len(head) > 2 else ""
         if not group[2] or close and not re.fullmatch(r"[-+.\deE]+|true|false|null|none", head.lower()):
             # no key to list values of, or a near miss of a policy's name rather than a value
             raise ValueError(f"{option}: {head!r} is not a policy; known: {', '.join(names)}{close}")

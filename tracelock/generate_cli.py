@@ -39,7 +39,8 @@ def check_arguments(args) -> tuple[str, dict]:
     if getattr(POLICIES.get(policy), "reads_vocab", False):  # `check_memory_rule`, in the command line's words
         if args.window:
             raise ValueError(f"--policy {policy} keeps a memory per slot of a block, which a sliding window moves: "
-                             f"use --block N (semi-AR blocks) or neither (the whole answer), not --window {args.window}")
+                             "use --block N (semi-AR blocks) or neither (the whole answer), not --window "
+                             f"{args.window}")
         if args.temperature > 0:
             raise ValueError(f"--policy {policy} decodes greedily, as its authors' code is checked here: drop "
                              f"--temperature {args.temperature:g} (or pass --temperature 0)")
