@@ -163,19 +163,23 @@ def _registering_again():
                 cls.register = attr
 
 
-def _package(name: str, root: Path):
-    """The folder ``root`` (a package whose imports are relative) imported as the package ``name``, once."""
+def import_file(name: str, path: Path, search: list | None = None):
+    """The file ``path`` imported as the module ``name`` (a package with ``search``, its folders), once."""
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, root / "__init__.py",
-                                                      submodule_search_locations=[str(root)])
-        package = importlib.util.module_from_spec(spec)
-        sys.modules[name] = package
+        spec = importlib.util.spec_from_file_location(name, path, submodule_search_locations=search)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
         try:
-            spec.loader.exec_module(package)
+            spec.loader.exec_module(module)
         except BaseException:
             del sys.modules[name]
             raise
     return sys.modules[name]
+
+
+def _package(name: str, root: Path):
+    """The folder ``root`` (a package whose imports are relative) imported as the package ``name``, once."""
+    return import_file(name, root / "__init__.py", [str(root)])
 
 
 def _dream_package(folder: Path, name: str = "fastdllm_dream"):

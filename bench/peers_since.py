@@ -127,16 +127,7 @@ def _device(peer):
 
 def _module(name: str, path: Path):
     """The file ``path`` imported as the module ``name``, once."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-    return sys.modules[name]
+    return peers.import_file(name, path)
 
 
 # ----------------------------------------------------------------------------------------------------------- dInfer

@@ -149,37 +149,38 @@ def _dream(got):
     return got["dream"], got["dream_ids"]
 
 
-def test_dinfer_decoders_map_onto_credit_and_hierarchy(namespace, monkeypatch):
-    """The section's examples as written (Python and command line) give what the spelled-out call gives. The specs
-    run (TRACELOCK_IMPL=torch): the kernels are checked in tests/test_kernel_*.py, the rule against its authors' code
-    in bench/test_bench_peers_since.py."""
-    import tracelock
-
+@pytest.fixture
+def specs(monkeypatch):
+    """The sections of the rules since Fast-dLLM run on the specs (TRACELOCK_IMPL=torch): the kernels are checked in
+    tests/test_kernel_*.py, each rule against its authors' code in bench/test_bench_peers_since.py."""
     monkeypatch.setenv("TRACELOCK_IMPL", "torch")
 
-    got = run_example(namespace, "dInfer")
+
+def _example_is_the_call(namespace, section: str, policy: str) -> dict:
+    """The section's first example and its first command line give what ``policy`` with its defaults gives (64 tokens
+    in blocks of 16); the example's results."""
+    import tracelock
+
+    got = run_example(namespace, section)
     model, ids = namespace["model"], namespace["ids"]
+    spelled, stats = tracelock.fused_generate(model, [ids], policy=policy, gen_length=64, block=16)
+    assert torch.equal(got["tokens"], spelled) and got["stats"].steps == stats.steps
+    record = run_command(_blocks(_section(section), "bash")[0])
+    assert_cli_matches(record, got["tokens"], len(ids), model.spec.end_ids)
+    return got
+
+
+@pytest.mark.usefixtures("specs")
+def test_dinfer_decoders_map_onto_credit_and_hierarchy(namespace):
     # the example spells out the defaults (dInfer's credit_alpha, boost_gamma, decay_beta and its benchmarks' tau)
-    spelled, stats = tracelock.fused_generate(model, [ids], policy="credit", gen_length=64, block=16)
-    assert torch.equal(got["tokens"], spelled) and got["stats"].steps == stats.steps
-    record = run_command(_blocks(_section("dInfer"), "bash")[0])
-    assert_cli_matches(record, got["tokens"], len(ids), model.spec.end_ids)
+    _example_is_the_call(namespace, "dInfer", "credit")
 
 
-def test_klass_maps_onto_the_klass_policy(namespace, monkeypatch):
-    """The section's examples as written (Python and command line) give what the spelled-out call gives. The specs
-    run (TRACELOCK_IMPL=torch): the kernels are checked in tests/test_kernel_*.py, the rule against its authors' code
-    in bench/test_bench_peers_since.py."""
+@pytest.mark.usefixtures("specs")
+def test_klass_maps_onto_the_klass_policy(namespace):
     import tracelock
 
-    monkeypatch.setenv("TRACELOCK_IMPL", "torch")
-
-    got = run_example(namespace, "KLASS")
-    model, ids = namespace["model"], namespace["ids"]
-    spelled, stats = tracelock.fused_generate(model, [ids], policy="klass", gen_length=64, block=16)  # the defaults
-    assert torch.equal(got["tokens"], spelled) and got["stats"].steps == stats.steps
-    record = run_command(_blocks(_section("KLASS"), "bash")[0])
-    assert_cli_matches(record, got["tokens"], len(ids), model.spec.end_ids)
+    _example_is_the_call(namespace, "KLASS", "klass")
     dream_got = run_example(namespace, "KLASS", 1)
     dream, dream_ids = _dream(dream_got)
     spelled, stats = tracelock.fused_generate(dream, [dream_ids], policy="klass", gen_length=64, block=None,
@@ -187,13 +188,9 @@ def test_klass_maps_onto_the_klass_policy(namespace, monkeypatch):
     assert torch.equal(dream_got["tokens"], spelled) and dream_got["stats"].steps == stats.steps
 
 
-def test_pc_sampler_maps_onto_pc_and_eb(namespace, monkeypatch):
-    """The section's examples as written (Python and command line) give what the spelled-out call gives. The specs
-    run (TRACELOCK_IMPL=torch): the kernels are checked in tests/test_kernel_*.py, the rule against its authors' code
-    in bench/test_bench_peers_since.py."""
+@pytest.mark.usefixtures("specs")
+def test_pc_sampler_maps_onto_pc_and_eb(namespace):
     import tracelock
-
-    monkeypatch.setenv("TRACELOCK_IMPL", "torch")
 
     model, ids = namespace["model"], namespace["ids"]
     section = _section("PC-Sampler")
@@ -211,17 +208,6 @@ def test_pc_sampler_maps_onto_pc_and_eb(namespace, monkeypatch):
     assert_cli_matches(run_command(_blocks(section, "bash")[1]), eb["tokens"], len(ids), model.spec.end_ids)
 
 
-def test_less_maps_onto_the_less_policy(namespace, monkeypatch):
-    """The section's examples as written (Python and command line) give what the spelled-out call gives. The specs
-    run (TRACELOCK_IMPL=torch): the kernels are checked in tests/test_kernel_*.py, the rule against its authors' code
-    in bench/test_bench_peers_since.py."""
-    import tracelock
-
-    monkeypatch.setenv("TRACELOCK_IMPL", "torch")
-
-    got = run_example(namespace, "LESS")
-    model, ids = namespace["model"], namespace["ids"]
-    spelled, stats = tracelock.fused_generate(model, [ids], policy="less", gen_length=64, block=16)  # the defaults
-    assert torch.equal(got["tokens"], spelled) and got["stats"].steps == stats.steps
-    record = run_command(_blocks(_section("LESS"), "bash")[0])
-    assert_cli_matches(record, got["tokens"], len(ids), model.spec.end_ids)
+@pytest.mark.usefixtures("specs")
+def test_less_maps_onto_the_less_policy(namespace):
+    _example_is_the_call(namespace, "LESS", "less")
