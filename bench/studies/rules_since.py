@@ -226,7 +226,11 @@ def gap_past_the_end(policy, others: list) -> float | None:
 def _measure(curves: dict, leader: str, runner_up: str, past: tuple = ()) -> dict:
     """Every statistic of a cell on one (possibly resampled) set of curves; ``past``: the comparisons (``("envelope",
     rule)`` or a pair of rules) also read by `gap_past_the_end`, having no step range in common."""
-    existing = [c for name, c in curves.items() if kind_of(name) == "existing"]
+    # the existing rules' envelope as one curve of all their points: at every s the best of them at or below s is
+    # the best of the curves' own step functions, so every gap below is the one against the curves themselves
+    points = [curves[name].points() for name in curves if kind_of(name) == "existing"]
+    existing = [Fixed("existing", np.concatenate([s for s, _ in points]), np.concatenate([a for _, a in points]),
+                      [str(i) for i in range(sum(len(s) for s, _ in points))])]
     new = [name for name in curves if kind_of(name) == "new"]
     out = {}
     for i, a in enumerate(new):
