@@ -46,6 +46,13 @@ def _no_env_impl(monkeypatch):
     monkeypatch.delenv("TRACELOCK_IMPL", raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _not_quiet_after(monkeypatch):
+    """An in-process ``main([..., "--quiet"])`` sets TRACELOCK_QUIET in os.environ; set here (to its "not quiet"
+    value), it is put back when the test ends, so later tests' subprocesses still draw their progress on stderr."""
+    monkeypatch.setenv("TRACELOCK_QUIET", "0")
+
+
 @pytest.fixture
 def poisoned_empty(monkeypatch):
     """torch.empty filled with garbage (NaN for floats, True for bools, -7 for ints): an output element a kernel
