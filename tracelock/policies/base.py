@@ -190,7 +190,7 @@ class Policy:
     def memory_spec(self, *, width: int, spec) -> dict:
         """{name: (shape, dtype)} of the per-row buffers this rule keeps across steps, each [rows, *shape], zero at a
         row's start; ``width`` is the slots they cover (the region's, plus the next region's with
-        ``memory_lookahead``), ``spec`` the backbone's `tracelock.models.spec.ModelSpec`. None (the default): none."""
+        ``memory_lookahead``), ``spec`` the backbone's `tracelock.models.spec.ModelSpec`. {} (the default): none."""
         return {}
 
     def vocab_fields(self) -> dict:

@@ -87,12 +87,13 @@ class KlassPolicy(Policy):
         b, w, V = logits.shape
         R = width
         prev, ring = memory["prev"], memory["kl_ring"]
-        # a new region: its slots take the memory they gathered as the next region (zeros where there was none)
-        shifted_prev = torch.cat([prev[:, R:], torch.zeros_like(prev[:, :R])], 1) if R < w else torch.zeros_like(prev)
-        shifted_ring = torch.cat([ring[:, R:], torch.zeros_like(ring[:, :R])], 1) if R < w else torch.zeros_like(ring)
+        # a new region: its slots take the memory they gathered as the next region (the next region's slots, one
+        # region wide, start empty); no copy of the [b, W, V] memory on the other steps
         new = fresh[:, None, None]
-        prev.copy_(torch.where(new, shifted_prev, prev))
-        ring.copy_(torch.where(new, shifted_ring, ring))
+        for buf in (prev, ring):
+            if R < w:
+                buf[:, :R] = torch.where(new, buf[:, R:], buf[:, :R])
+            buf[:, R if R < w else 0:].masked_fill_(new, 0)
         _, confidence, kl = ops.step_kl(logits.reshape(b * w, V), prev.view(b * w, V))
         ring.copy_(torch.cat([ring[..., 1:], kl.view(b, w, 1).to(ring.dtype)], -1))
         out = {"confidence": confidence.view(b, w).float(), "stable": (ring < self.kl).all(-1)}
