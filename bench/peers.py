@@ -177,6 +177,21 @@ def import_file(name: str, path: Path, search: list | None = None):
     return sys.modules[name]
 
 
+@contextmanager
+def modules_in_place(modules: dict):
+    """``modules`` ({name: module}) in ``sys.modules`` for the block; what those names held before is put back."""
+    saved = {k: sys.modules.get(k) for k in modules}
+    sys.modules.update(modules)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+
+
 def _package(name: str, root: Path):
     """The folder ``root`` (a package whose imports are relative) imported as the package ``name``, once."""
     return import_file(name, root / "__init__.py", [str(root)])
@@ -200,19 +215,11 @@ def plusplus_generate_module(folder: Path):
         package = _package("fastdllmpp_llada", folder / "llada" / "model")
     name = "fastdllmpp_generate"
     if name not in sys.modules:
-        saved = {k: sys.modules.get(k) for k in ("model", "model.modeling_llada")}
-        sys.modules["model"], sys.modules["model.modeling_llada"] = package, package.modeling_llada
-        try:
+        with modules_in_place({"model": package, "model.modeling_llada": package.modeling_llada}):
             spec = importlib.util.spec_from_file_location(name, folder / "llada" / "generate.py")
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             sys.modules[name] = module
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    sys.modules.pop(k, None)
-                else:
-                    sys.modules[k] = v
     return sys.modules[name]
 
 

@@ -332,17 +332,8 @@ def _pcsampler_utils(folder: Path):
     package = types.ModuleType("utils")
     package.__path__ = []
     package.load_json_or_jsonl = loader
-    names = ("utils", "utils.load_json_or_jsonl")
-    saved = {k: sys.modules.get(k) for k in names}
-    sys.modules.update(dict(zip(names, (package, loader))))
-    try:
+    with peers.modules_in_place({"utils": package, "utils.load_json_or_jsonl": loader}):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
 
 
 def run_pc_sampler(folder: Path, peer, prompt: list, *, steps: int, gen_length: int, block: int, lambd: float,
