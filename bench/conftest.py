@@ -388,3 +388,16 @@ def machine() -> dict:
     return dict(machine=platform.processor() or platform.machine(), cpus=os.cpu_count(), gpu=gpu,
                 threads=torch.get_num_threads(), torch=torch.__version__, triton=triton_version,
                 git=_git_revision())
+
+
+@pytest.fixture(scope="module", params=["testbed", "testbed-dream"])
+def bundled(request):
+    """(name, model, the first 8 held-out math test prompts as token ids) of each bundled model: the batch of the
+    engine benchmarks that compare rules (test_bench_rules.py, test_bench_commit_rule.py)."""
+    import tracelock
+    from tracelock.testbed import held_out
+
+    name = request.param
+    tok = tracelock.load_tokenizer(name)
+    prompts = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in held_out("math", "test", 8)]
+    return name, tracelock.load_model(name), prompts

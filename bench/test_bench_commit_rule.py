@@ -14,10 +14,8 @@ import time
 import pytest
 import torch
 
-import tracelock
 from tracelock.decode.engine import DecodeEngine, prompt_bucket
 from tracelock.policies.tracelock import TraceLockPolicy
-from tracelock.testbed import held_out
 
 ITEMS, GEN, WINDOW = 8, 64, 16
 
@@ -28,14 +26,6 @@ class ClosedInTorch(TraceLockPolicy):
 
     def commit_rule(self, inp):
         return None
-
-
-@pytest.fixture(scope="module", params=["testbed", "testbed-dream"])
-def bundled(request):
-    name = request.param
-    model, tok = tracelock.load_model(name), tracelock.load_tokenizer(name)
-    prompts = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in held_out("math", "test", ITEMS)]
-    return name, model, prompts
 
 
 def _engine(model, prompts, policy, compile) -> DecodeEngine:

@@ -18,18 +18,9 @@ import torch
 
 import tracelock
 from tracelock.decode.engine import DecodeEngine, prompt_bucket
-from tracelock.testbed import held_out
 
 ITEMS, GEN, BLOCK = 8, 64, 16
 RULES = {"credit": {}, "klass": {}, "less": {}, "hierarchy": {"tau": 0.9}, "eb": {}, "pc": {"background": None}}
-
-
-@pytest.fixture(scope="module", params=["testbed", "testbed-dream"])
-def bundled(request):
-    name = request.param
-    model, tok = tracelock.load_model(name), tracelock.load_tokenizer(name)
-    prompts = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in held_out("math", "test", ITEMS)]
-    return name, model, prompts
 
 
 def _engine(model, prompts, policy, args, compile) -> DecodeEngine:
