@@ -515,3 +515,74 @@ def topk_js_ref(logits: torch.Tensor, prev_ids: torch.Tensor, prev_probs: torch.
 
     js = torch.where(has_prev, (kl(P) + kl(Q)) / 2, 1.0)
     return ids, probs, js
+
+
+# ---- the same passes fused into the LM head: hidden rows and the head weight in place of the logits
+
+
+def head_credit_fuse_ref(hidden: torch.Tensor, weight: torch.Tensor, credit: torch.Tensor, boost: torch.Tensor,
+                         fresh: torch.Tensor, alpha: float, gamma: float, beta: float) -> tuple:
+    """``credit_fuse_ref`` on the LM head's logits ``hidden.float() @ weight.float().T``: the same outputs, the
+    credit updated in place. The Triton kernel never writes the [R, V] logits.
+
+    Args:
+        hidden (torch.Tensor): [R, D] final-normed hidden states of the slots, fp32, fp16 or bf16.
+        weight (torch.Tensor): [V, D] LM-head weight, fp32, fp16 or bf16.
+        credit, boost, fresh, alpha, gamma, beta: as ``credit_fuse_ref`` (credit [R, V] fp32, in place).
+
+    Returns:
+        (proposal [R] int64, confidence [R] fp32).
+    """
+    return credit_fuse_ref(hidden.float() @ weight.float().T, credit, boost, fresh, alpha, gamma, beta)
+
+
+def head_topk_js_ref(hidden: torch.Tensor, weight: torch.Tensor, prev_ids: torch.Tensor, prev_probs: torch.Tensor,
+                     has_prev: torch.Tensor) -> tuple:
+    """``topk_js_ref`` on the LM head's logits ``hidden.float() @ weight.float().T``: the same contract. The Triton
+    kernel never writes the [R, V] logits.
+
+    Args:
+        hidden (torch.Tensor): [R, D] final-normed hidden states of the slots, fp32, fp16 or bf16.
+        weight (torch.Tensor): [V, D] LM-head weight, fp32, fp16 or bf16.
+        prev_ids, prev_probs, has_prev: as ``topk_js_ref`` ([R, K] int64, [R, K] fp32, [R] bool).
+
+    Returns:
+        (ids [R, K] int64, probs [R, K] fp32, js [R] fp32).
+    """
+    return topk_js_ref(hidden.float() @ weight.float().T, prev_ids, prev_probs, has_prev)
+
+
+def head_step_kl_ref(hidden: torch.Tensor, weight: torch.Tensor, prev_logits: torch.Tensor,
+                     prev_lse: torch.Tensor) -> tuple:
+    """KLASS's step on the LM head's logits ``x = hidden.float() @ weight.float().T``, its memory kept as the previous
+    step's logits and their log-normalizer instead of a distribution, so a kernel writes no softmax.
+
+    ``p = softmax(x)``, ``p_prev = exp(prev_logits - prev_lse)`` (0 where ``prev_lse`` is +inf: a slot with no
+    previous pass, whose ``prev_logits`` are not read, as ``step_kl_ref``'s zeros); ``kl = sum_v p (log p -
+    log(p_prev + 1e-12))``, in float64; then ``prev_logits <- x`` and ``prev_lse <- logsumexp(x)``. It differs from
+    ``step_kl_ref`` (on ``x`` and that ``p_prev``) only in dropping the 1e-12 inside the current distribution's own
+    log: ``sum_v p log(1 + 1e-12 / p) <= V * 1e-12`` apart. Without that eps the KL separates under online-softmax
+    rescaling, ``kl = (1 / z) sum_v exp(x - m) (x - m - log(p_prev + eps)) - log z``, which the kernel accumulates.
+    The proposal is the argmax of ``x`` (ties to the lowest index).
+
+    Args:
+        hidden (torch.Tensor): [R, D] final-normed hidden states of the slots, fp32, fp16 or bf16.
+        weight (torch.Tensor): [V, D] LM-head weight, fp32, fp16 or bf16.
+        prev_logits (torch.Tensor): [R, V] fp32 the previous step's logits. Updated in place.
+        prev_lse (torch.Tensor): [R] fp32 their logsumexp, +inf for no previous pass (fp64 here keeps the KL's fp64
+            digits). Updated in place.
+
+    Returns:
+        (proposal [R] int64, confidence [R] max probability, kl [R]), the last two in ``prev_lse``'s dtype.
+    """
+    x = hidden.float() @ weight.float().T
+    lse = torch.logsumexp(x.double(), dim=-1)
+    log_p = x.double() - lse[:, None]
+    none = prev_lse[:, None] == float("inf")
+    p_prev = torch.where(none, 0.0, (prev_logits.double() - torch.where(none, 0.0, prev_lse.double()[:, None])).exp())
+    kl = (log_p.exp() * (log_p - torch.log(p_prev + 1e-12))).sum(dim=-1)
+    proposal = x.argmax(dim=-1)
+    confidence = log_p.gather(1, proposal[:, None]).squeeze(1).exp()
+    prev_logits.copy_(x)
+    prev_lse.copy_(lse)
+    return proposal, confidence.to(prev_lse.dtype), kl.to(prev_lse.dtype)
