@@ -40,6 +40,35 @@ def _kl_terms(a, m):
 
 
 @triton.jit
+def store_topk_js(s_p, s_i, m_k, o_k, i_n, K, PREV_IDS, PREV_PROBS, HAS_PREV, IDS, PROBS, JS):
+    """Row ``i_n``'s epilogue: its top-K (the unsorted set ``s_i`` with probabilities ``s_p``, slots past ``m_k``
+    empty) stored sorted, and its JS drift from the previous top-K (1 without a previous pass). Shared with
+    head_topk_js's merge."""
+    # sorted as the spec sorts the probabilities: descending, ties to the lowest index
+    r_beat = (s_p[:, None] > s_p[None, :]) | ((s_p[:, None] == s_p[None, :]) & (s_i[:, None] < s_i[None, :]))
+    rank = tl.sum((r_beat & m_k[:, None]).to(tl.int32), 0)
+    p_out = i_n * K + rank
+    tl.store(IDS + p_out, s_i, mask=m_k)
+    tl.store(PROBS + p_out, s_p, mask=m_k)
+    # JS over [previous ids | this step's ids not among them | rest]: P the previous distribution, Q this one
+    p_prev = i_n * K + o_k
+    q_i = tl.load(PREV_IDS + p_prev, mask=m_k, other=-1)
+    q_p = tl.load(PREV_PROBS + p_prev, mask=m_k, other=0.0).to(tl.float32)
+    same = (q_i[:, None] == s_i[None, :]) & m_k[:, None] & m_k[None, :]  # [previous slot, this slot]
+    b_pa = tl.maximum(q_p, 0.0)
+    b_qa = tl.maximum(tl.sum(tl.where(same, s_p[None, :], 0.0), 1), 0.0)
+    b_qb = tl.where(tl.sum(same.to(tl.int32), 0) == 0, s_p, 0.0)
+    r_p = tl.maximum(1.0 - tl.sum(q_p, 0), 0.0)
+    r_q = tl.maximum(1.0 - tl.sum(s_p, 0), 0.0)
+    b_ma = (b_pa + b_qa) / 2
+    r_m = (r_p + r_q) / 2
+    kl_p = tl.sum(_kl_terms(b_pa, b_ma), 0) + _kl_terms(r_p, r_m)
+    kl_q = tl.sum(_kl_terms(b_qa, b_ma) + _kl_terms(b_qb, b_qb / 2), 0) + _kl_terms(r_q, r_m)
+    has_prev = tl.load(HAS_PREV + i_n) != 0
+    tl.store(JS + i_n, tl.where(has_prev, (kl_p + kl_q) / 2, 1.0))
+
+
+@triton.jit
 def _topk_js_kernel(
     LOGITS, PREV_IDS, PREV_PROBS, HAS_PREV, IDS, PROBS, JS,
     V, K,
@@ -81,28 +110,7 @@ def _topk_js_kernel(
     m = tl.max(b_m, 0)
     z = tl.sum(tl.where(b_m == float("-inf"), 0.0, b_z * tl.exp(b_m - m)), 0)
     s_p = tl.where(m_k, tl.exp(s_v - m) / z, 0.0)  # [BLOCK_K]
-    # sorted as the spec sorts the probabilities: descending, ties to the lowest index
-    r_beat = (s_p[:, None] > s_p[None, :]) | ((s_p[:, None] == s_p[None, :]) & (s_i[:, None] < s_i[None, :]))
-    rank = tl.sum((r_beat & m_k[:, None]).to(tl.int32), 0)
-    p_out = i_n * K + rank
-    tl.store(IDS + p_out, s_i, mask=m_k)
-    tl.store(PROBS + p_out, s_p, mask=m_k)
-    # JS over [previous ids | this step's ids not among them | rest]: P the previous distribution, Q this one
-    p_prev = i_n * K + o_k
-    q_i = tl.load(PREV_IDS + p_prev, mask=m_k, other=-1)
-    q_p = tl.load(PREV_PROBS + p_prev, mask=m_k, other=0.0).to(tl.float32)
-    same = (q_i[:, None] == s_i[None, :]) & m_k[:, None] & m_k[None, :]  # [previous slot, this slot]
-    b_pa = tl.maximum(q_p, 0.0)
-    b_qa = tl.maximum(tl.sum(tl.where(same, s_p[None, :], 0.0), 1), 0.0)
-    b_qb = tl.where(tl.sum(same.to(tl.int32), 0) == 0, s_p, 0.0)
-    r_p = tl.maximum(1.0 - tl.sum(q_p, 0), 0.0)
-    r_q = tl.maximum(1.0 - tl.sum(s_p, 0), 0.0)
-    b_ma = (b_pa + b_qa) / 2
-    r_m = (r_p + r_q) / 2
-    kl_p = tl.sum(_kl_terms(b_pa, b_ma), 0) + _kl_terms(r_p, r_m)
-    kl_q = tl.sum(_kl_terms(b_qa, b_ma) + _kl_terms(b_qb, b_qb / 2), 0) + _kl_terms(r_q, r_m)
-    has_prev = tl.load(HAS_PREV + i_n) != 0
-    tl.store(JS + i_n, tl.where(has_prev, (kl_p + kl_q) / 2, 1.0))
+    store_topk_js(s_p, s_i, m_k, o_k, i_n, K, PREV_IDS, PREV_PROBS, HAS_PREV, IDS, PROBS, JS)
 
 
 def topk_js_triton(logits: torch.Tensor, prev_ids: torch.Tensor, prev_probs: torch.Tensor, has_prev: torch.Tensor,
