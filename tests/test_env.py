@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 
 from tracelock import env
+from tracelock.ops import IMPLEMENTATIONS
 
-KEYS = ["tracelock", "python", "torch", "threads", "triton", "interpreter", "_C", "gpu", "transformers"]
+# the facts, then one line per op: its implementation and, for a Triton kernel, its self-check
+KEYS = ["tracelock", "python", "torch", "threads", "triton", "interpreter", "_C", "gpu", "transformers",
+        *(f"op {op}" for op in IMPLEMENTATIONS)]
 
 
 def test_env_report_keys():

@@ -13,9 +13,34 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def ops_report(device) -> dict:
+    """{"op NAME": the implementation a decode on ``device`` runs by default, and for a Triton kernel whether its
+    self-check (`tracelock.selfcheck`, bf16 on CUDA, fp32 else) passed here}."""
+    import torch
+
+    from tracelock import ops, selfcheck
+
+    device = torch.device(device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    out = {}
+    for op in ops.IMPLEMENTATIONS:
+        impl = ops._pick_impl(op, None, device)
+        if impl != "triton":
+            out[f"op {op}"] = impl
+        elif not selfcheck.enabled():
+            out[f"op {op}"] = "triton (self-check off: TRACELOCK_SELFCHECK=0)"
+        elif op not in selfcheck.BUILDERS:
+            out[f"op {op}"] = "triton (no self-check)"
+        else:
+            ok, why = selfcheck.check(op, device, dtype)
+            out[f"op {op}"] = (f"triton (self-check passed, {str(dtype).removeprefix('torch.')})" if ok else
+                               f"torch (the Triton kernel failed its self-check: {why})")
+    return out
+
+
 def report() -> dict:
     """Return one short string per fact: tracelock, python, torch, threads (torch's CPU threads), triton,
-    interpreter, _C, gpu, transformers."""
+    interpreter, _C, gpu, transformers, then one per op (`ops_report`: what runs on the GPU, else the CPU)."""
     import torch
 
     import tracelock
@@ -38,6 +63,7 @@ def report() -> dict:
         "_C": ext,
         "gpu": gpu,
         "transformers": _version("transformers"),
+        **ops_report("cuda" if torch.cuda.is_available() else "cpu"),
     }
 
 

@@ -14,7 +14,7 @@ from functools import partial
 
 import torch
 
-from tracelock import _ext
+from tracelock import _ext, selfcheck
 
 IMPLS = ("torch", "triton", "cpp", "cuda")
 _REBUILD = "`pip install -e . --no-build-isolation` (with a C++ compiler, TRACELOCK_BUILD_EXT unset)"
@@ -163,6 +163,21 @@ def _raw(op: str, impl: str):
     return getattr(ref, f"{op}_ref")
 
 
+def _run(op: str, impl: str | None, chosen: str, *args):
+    """``op``'s ``chosen`` implementation on ``args``; a Triton kernel the default chose (no ``impl=``, no
+    ``TRACELOCK_IMPL``) runs through its check (`tracelock.selfcheck`)."""
+    fn = _raw(op, chosen)
+    if chosen == "triton" and not (impl or os.environ.get("TRACELOCK_IMPL")):
+        return selfcheck.run(op, fn, args)
+    return fn(*args)
+
+
+def _graph_fn(op: str, impl: str):
+    """The implementation itself for a graph; a Triton kernel with its check (`tracelock.selfcheck.guarded`)."""
+    fn = _raw(op, impl)
+    return selfcheck.guarded(op, fn) if impl == "triton" else fn
+
+
 @dataclass(frozen=True)
 class OpSet:
     """The per-step ops of one decode, each bound to its implementation (``impls``: op -> name)."""
@@ -196,7 +211,7 @@ def op_set(impl: str | None, device, *, graph: bool = False, inductor: bool = Fa
             impls[op] = _pick_impl(op, None, device, graph=True)
             if inductor and impls[op] in ("cpp", "cuda"):
                 impls[op] = "torch"
-            fns[op] = _raw(op, impls[op])
+            fns[op] = _graph_fn(op, impls[op])
         else:
             chosen = family_impl(op, impl)
             impls[op] = chosen or _pick_impl(op, None, device)
@@ -266,7 +281,9 @@ def backbone_kernels(device, backbone: str = "kernels", *, graph: bool = False, 
     for op in ops:
         chosen = None if graph or backbone == "specs" else family_impl(op, impl)
         impls[op] = "torch" if backbone == "specs" else chosen or _pick_impl(op, None, device, graph=True)
-        fns[op] = _raw(op, impls[op]) if graph else partial(globals()[op], impl=impls[op])
+        # the eager loop's default Triton kernels go through the dispatcher unnamed, so they are checked
+        eager_impl = None if impls[op] == "triton" and chosen is None else impls[op]
+        fns[op] = _graph_fn(op, impls[op]) if graph else partial(globals()[op], impl=eager_impl)
     epilogues = backbone == "kernels+matmul"
     fns["linear"] = _rows_linear(fns["linear_rows"]) if epilogues else _cublas_linear
     return BackboneKernels(fns, epilogues, impls)
@@ -356,7 +373,7 @@ def skip_finished_blocks(state, block_idx, region_step, region_initial, steps, r
     _check_tensor("rows", rows, torch.bool, rows_shape, device)
     args = (state, block_idx, region_step, region_initial, steps, rows, int(prompt_len), int(block),
             int(num_regions), int(steps_per_block), bool(idle_steps))
-    return _raw("skip_finished_blocks", _pick_impl("skip_finished_blocks", impl, device))(*args)
+    return _run("skip_finished_blocks", impl, _pick_impl("skip_finished_blocks", impl, device), *args)
 
 
 def _check_arg(name: str, t, dtypes: tuple, shape: tuple | None = None, like: tuple | None = None,
@@ -408,7 +425,7 @@ def tap_project(h1: torch.Tensor, h2: torch.Tensor, h3: torch.Tensor, A: torch.T
     if A.dim() != 3 or A.shape[0] != 3 or A.shape[1] != h1.shape[1]:
         raise ValueError(f"A must be [3, D, N] with D = {h1.shape[1]} (the taps' width), got shape {list(A.shape)}")
     _check_arg("c", c, _FLOATS, (A.shape[2],), like)
-    return _raw("tap_project", _pick_impl("tap_project", impl, h1.device))(h1, h2, h3, A, c)
+    return _run("tap_project", impl, _pick_impl("tap_project", impl, h1.device), h1, h2, h3, A, c)
 
 
 def window_logits_stats(hidden: torch.Tensor, weight: torch.Tensor, eos_id: int | None, *,
@@ -437,7 +454,8 @@ def window_logits_stats(hidden: torch.Tensor, weight: torch.Tensor, eos_id: int 
     V = weight.shape[0]
     if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int) or not 0 <= eos_id < V):
         raise ValueError(f"eos_id must be None or an int in [0, {V}) (the vocabulary), got {eos_id!r}")
-    return _raw("window_logits_stats", _pick_impl("window_logits_stats", impl, hidden.device))(hidden, weight, eos_id)
+    chosen = _pick_impl("window_logits_stats", impl, hidden.device)
+    return _run("window_logits_stats", impl, chosen, hidden, weight, eos_id)
 
 
 # the Triton add_rms_norm holds a row in registers (one program per row)
@@ -475,7 +493,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     if chosen == "triton" and D > MAX_NORM_WIDTH:
         raise ValueError(f"x has D = {D} columns; the Triton add_rms_norm holds a row in registers, at most "
                          f"{MAX_NORM_WIDTH}: use impl='torch'")
-    return _raw("add_rms_norm", chosen)(x, residual, weight, float(eps))
+    return _run("add_rms_norm", impl, chosen, x, residual, weight, float(eps))
 
 
 def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv: int, head_dim: int,
@@ -530,8 +548,8 @@ def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: i
         _check_arg("v_cache", v_cache, (qkv.dtype,), tuple(k_cache.shape), like, strided_rows=True)
         _check_arg("index", index, (torch.int64,), (B, Q), like, strided_rows=True)
         _check_index_range(index, k_cache.shape[2])
-    return _raw("rope_qkv", _pick_impl("rope_qkv", impl, qkv.device))(qkv, cos, sin, n_heads, n_kv, head_dim,
-                                                                       rope_fp32, k_cache, v_cache, index)
+    return _run("rope_qkv", impl, _pick_impl("rope_qkv", impl, qkv.device), qkv, cos, sin, n_heads, n_kv, head_dim,
+                rope_fp32, k_cache, v_cache, index)
 
 
 def _check_index_range(index: torch.Tensor, Lc: int) -> None:
@@ -561,7 +579,7 @@ def silu_mul(gate_up: torch.Tensor, *, impl: str | None = None) -> torch.Tensor:
     if gate_up.shape[1] % 2:
         raise ValueError(f"gate_up must be [M, 2F] (gate columns, then as many up columns), got an odd width "
                          f"{gate_up.shape[1]}")
-    return _raw("silu_mul", _pick_impl("silu_mul", impl, gate_up.device))(gate_up)
+    return _run("silu_mul", impl, _pick_impl("silu_mul", impl, gate_up.device), gate_up)
 
 
 ACTIVATIONS = (None, "silu_mul")
@@ -610,7 +628,7 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if residual is not None:
         _check_arg("residual", residual, _FLOATS, (M, N // 2 if activation == "silu_mul" else N), like,
                    strided_rows=True)
-    return _raw("linear_rows", _pick_impl("linear_rows", impl, x.device))(x, weight, bias, residual, activation)
+    return _run("linear_rows", impl, _pick_impl("linear_rows", impl, x.device), x, weight, bias, residual, activation)
 
 
 def _check_commit_step_args(score, tau, active, proposal, positions, x, state, end_ids, theta, cap, fallback_score,
@@ -706,8 +724,8 @@ def commit_step(
     B, R = score.shape
     _check_no_nan(active, score=score, tau=tau[:, None].expand(B, R), fallback_score=fallback_score)
     chosen = _pick_impl("commit_step", impl, x.device)
-    return _raw("commit_step", chosen)(score, tau, active, proposal, positions, x, state, end_ids, float(theta), cap,
-                                       fallback_score, held, inclusive, fill_id, stop_at_eot)
+    return _run("commit_step", impl, chosen, score, tau, active, proposal, positions, x, state, end_ids,
+                float(theta), cap, fallback_score, held, inclusive, fill_id, stop_at_eot)
 
 
 def _check_no_nan(active: torch.Tensor, **scores) -> None:
@@ -762,8 +780,8 @@ def credit_fuse(logits: torch.Tensor, credit: torch.Tensor, boost: torch.Tensor,
     for name, value in (("alpha", alpha), ("gamma", gamma), ("beta", beta)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) < float("inf"):
             raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return _raw("credit_fuse", _pick_impl("credit_fuse", impl, logits.device))(logits, credit, boost, fresh,
-                                                                               float(alpha), float(gamma), float(beta))
+    return _run("credit_fuse", impl, _pick_impl("credit_fuse", impl, logits.device), logits, credit, boost, fresh,
+                float(alpha), float(gamma), float(beta))
 
 
 def step_kl(logits: torch.Tensor, prev: torch.Tensor, *, impl: str | None = None) -> tuple:
@@ -781,7 +799,7 @@ def step_kl(logits: torch.Tensor, prev: torch.Tensor, *, impl: str | None = None
     """
     N, V = _check_logits(logits)
     _check_arg("prev", prev, (torch.float32, torch.float64), (N, V), ("logits", logits))
-    return _raw("step_kl", _pick_impl("step_kl", impl, logits.device))(logits, prev)
+    return _run("step_kl", impl, _pick_impl("step_kl", impl, logits.device), logits, prev)
 
 
 def topk_js(logits: torch.Tensor, prev_ids: torch.Tensor, prev_probs: torch.Tensor, has_prev: torch.Tensor, *,
@@ -813,4 +831,4 @@ def topk_js(logits: torch.Tensor, prev_ids: torch.Tensor, prev_probs: torch.Tens
     if chosen == "triton" and prev_ids.shape[1] > MAX_TOPK:
         raise ValueError(f"prev_ids has K = {prev_ids.shape[1]}; the Triton topk_js keeps the top-K in registers, at "
                          f"most {MAX_TOPK}: use impl='torch'")
-    return _raw("topk_js", chosen)(logits, prev_ids, prev_probs, has_prev)
+    return _run("topk_js", impl, chosen, logits, prev_ids, prev_probs, has_prev)
