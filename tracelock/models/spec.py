@@ -140,11 +140,6 @@ class ModelSpec:
         """Token ids that end an answer: eos and, when the tokenizer has one, end-of-turn."""
         return tuple(dict.fromkeys(i for i in (self.eot_id, self.eos_id) if i is not None))
 
-    @property
-    def feature_shift(self) -> int:
-        """Hidden-state features get the same shift as the logits (docs/design.md, "Data flow")."""
-        return self.logit_shift
-
     def output_rows(self, positions: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
         """Backbone output rows that predict the tokens at canvas ``positions``.
 
