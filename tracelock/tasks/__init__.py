@@ -34,7 +34,7 @@ class Problem(Protocol):
     def answer(self, rng: random.Random) -> str: ...
 
 
-class Task(Protocol):
+class TaskModule(Protocol):
     def sample_problem(self, rng: random.Random) -> Problem: ...
 
 
@@ -49,7 +49,7 @@ class Example:
     problem: Any = field(default=None, compare=False, repr=False)  # the generating problem, for `resample_answer`
 
 
-TASKS: dict[str, Task] = {"math": math_task, "code": code_task}
+TASKS: dict[str, TaskModule] = {"math": math_task, "code": code_task}
 
 
 def split_of(key: str) -> str:
@@ -63,7 +63,7 @@ def _example(task: str, problem: Problem, rng: random.Random) -> Example:
                    target=problem.target, entry_point=problem.entry_point, problem=problem)
 
 
-def _task(task: str) -> Task:
+def _task(task: str) -> TaskModule:
     if task not in TASKS:
         from tracelock.cli_common import did_you_mean
 

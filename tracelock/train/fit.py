@@ -180,7 +180,7 @@ def validation_crop(val_idx: np.ndarray, seed: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def score_items(model, cache, idx, crop_r, batch_size: int, device) -> tuple[np.ndarray, np.ndarray]:
+def controller_scores(model, cache, idx, crop_r, batch_size: int, device) -> tuple[np.ndarray, np.ndarray]:
     """Margins and labels of every loss position (Omega under the given crops) of the items ``idx``."""
     model.eval()
     scores, labels = [], []
@@ -330,7 +330,7 @@ def _train(config: TrainConfig, cache, resume: bool, rank: int, world: int) -> P
         done = step + 1
         if done % config.eval_every == 0 or done == config.steps:
             if rank == 0:
-                scores, labels = score_items(model, cache, val_idx, val_r, config.batch_size, device)
+                scores, labels = controller_scores(model, cache, val_idx, val_r, config.batch_size, device)
                 f05 = metrics.f_beta(scores, labels)
                 info["history"].append(dict(step=done, loss=loss.item() / world, val_f0_5=f05))
                 if f05 > info["best_f0_5"]:
@@ -363,8 +363,8 @@ def _warm_start(path, ccfg: ControllerConfig, device) -> Controller:
 def _finish(out: Path, cache, val_idx, val_r, config: TrainConfig, device, info: dict) -> None:
     """Held-out metrics of the best checkpoint (fixed crop and uncropped), the history, and the encoder copy."""
     best = Controller.load(out / "best.safetensors", device=device)
-    fixed = score_items(best, cache, val_idx, val_r, config.batch_size, device)
-    full = score_items(best, cache, val_idx, np.ones(len(val_idx)), config.batch_size, device)
+    fixed = controller_scores(best, cache, val_idx, val_r, config.batch_size, device)
+    full = controller_scores(best, cache, val_idx, np.ones(len(val_idx)), config.batch_size, device)
     result = dict(best_step=info["best_step"], validation_items=int(len(val_idx)),
                   fixed_crop=metrics.stability_metrics(*fixed), full=metrics.stability_metrics(*full))
     atomic_write_json(out / "metrics.json", result)
