@@ -4,6 +4,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import tempfile
 import time
 
@@ -177,28 +178,44 @@ def test_crash_signal_is_reported():
     assert run_python("print(1)").signal is None
 
 
-@pytest.mark.skipif(not FEATURES["containment"], reason="private mount/PID namespaces are not permitted here")
+@pytest.mark.skipif(not FEATURES["containment"], reason="neither mount and PID namespaces nor a user namespace "
+                                                         "is permitted here")
 def test_contained_run_has_its_own_processes_and_working_directory_and_no_home():
-    home, keep = sandbox._HOME_LAYOUT  # the harness user's home: hidden, except the entries holding the interpreter
+    home = os.path.realpath(os.path.expanduser("~"))
     src = ("import json, os\n"
            "open('scratch.txt', 'w').write('x')\n"
+           "def ls(path):\n"
+           "    try:\n"
+           "        return sorted(os.listdir(path))\n"
+           "    except OSError as err:\n"
+           "        return type(err).__name__\n"
            "print(json.dumps({'pid': os.getpid(), 'proc': [p for p in os.listdir('/proc') if p.isdigit()],\n"
-           f"                  'cwd': sorted(os.listdir('.')), 'home': {home!r} and sorted(os.listdir({home!r}))}}))\n")
+           f"                  'cwd': ls('.'), 'at': os.getcwd(), 'root': ls('/'), 'home': ls({home!r}),\n"
+           "                  'tmp': ls('/tmp')}))\n")
     r = run_python(src)
     assert r.status == "ok", r.stderr
     seen = json.loads(r.stdout)
     # PID 2 of a namespace of its own under its init, and /proc says so
     assert seen["pid"] == 2 and seen["proc"] == ["1", "2"]
     assert seen["cwd"] == ["candidate.py", "scratch.txt"]
-    assert home is None or seen["home"] == sorted(os.path.basename(p) for p in keep)
-    for path in ("/tmp/tracelock-contained-probe", os.path.join(os.getcwd(), "tracelock-contained-probe")):
+    # the tree holds the system's folders, the interpreter's and the run's own, nothing else of the machine
+    interpreter = {os.path.realpath(p).split(os.sep)[1] for p in (sys.executable, sys.prefix, sys.base_prefix)}
+    assert set(seen["root"]) <= {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "dev", "proc",
+                                 "tmp"} | interpreter | {os.path.abspath(sys.executable).split(os.sep)[1]}, seen
+    assert {"home", "var", "run", "srv", "mnt", "opt", "sys"}.isdisjoint(set(seen["root"]) - interpreter), seen
+    # the harness user's home is absent, or holds only the folders on the way to the interpreter
+    on_the_way = {os.path.relpath(p, home).split(os.sep)[0] for path in (sys.executable, sys.prefix, sys.base_prefix)
+                  for p in (os.path.abspath(path), os.path.realpath(path)) if p.startswith(home + os.sep)}
+    assert seen["home"] == (sorted(on_the_way) if on_the_way else "FileNotFoundError"), seen
+    # /tmp holds only the way to the run's own directory: no other run's, no file the harness left there
+    assert seen["tmp"] == ([seen["at"].split(os.sep)[2]] if seen["at"].startswith("/tmp/") else []), seen
+    for path in ("/tmp/tracelock-contained-probe", os.path.join(os.getcwd(), "tracelock-contained-probe"),
+                 os.path.join(home, "tracelock-contained-probe")):
         r = run_python(f"open({path!r}, 'w').write('x')")
-        # the read-only tree refuses, or before it a folder on the way that the run's user may not enter (a clone
-        # under `mktemp -d`, mode 0700): refused either way, wherever the clone is
-        refused = "Read-only file system" in r.stderr or "Permission denied" in r.stderr
+        # the read-only tree refuses, or the folder is not there at all
+        refused = "Read-only file system" in r.stderr or "No such file or directory" in r.stderr
         assert r.status == "runtime_error" and refused, (path, r)
         assert not os.path.exists(path)
-    assert "Read-only file system" in run_python("open('/tmp/tracelock-contained-probe', 'w')").stderr
 
 
 def test_check_program_needs_the_tests_to_finish():

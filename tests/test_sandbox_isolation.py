@@ -25,15 +25,21 @@ PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(tracelock.__file_
 
 
 def _mode(contained: bool, own_user: bool, monkeypatch) -> None:
-    """Run the sandbox with (or without) the PID namespace, on a user of each run's own or the shared nobody."""
+    """Run the sandbox with (or without) the PID namespace, with a process budget of each run's own (a user of its
+    own for a root harness, a user namespace of its own for any other) or the shared nobody's."""
     if contained and not FEATURES["containment"]:
-        pytest.skip("private mount/PID namespaces are not permitted here")
-    if own_user and not FEATURES["separate_users"]:
-        pytest.skip("a user per run is not available here (no root, or the ids are refused)")
+        pytest.skip("neither mount and PID namespaces nor a user namespace is permitted here")
+    userns = contained and FEATURES["user_namespace"]  # a harness that is not root: each run's own namespace
+    if own_user and not (FEATURES["separate_users"] or userns):
+        pytest.skip("a budget per run is not available here (no user per run, and no user namespace)")
     if not own_user and not FEATURES["drop_privileges"]:
-        pytest.skip("running as root and cannot drop to nobody: RLIMIT_NPROC is not enforced")
+        pytest.skip("not a root harness: no shared nobody to drop to")
+    if not contained:  # only ever on the user's opt-in, and only where the run's user reaches the interpreter
+        if not FEATURES["uncontained_runs"]:
+            pytest.skip("without containment the run's unprivileged user cannot reach the interpreter here")
+        monkeypatch.setenv(sandbox.OPT_IN_ENV, "1")
     monkeypatch.setattr(sandbox, "CONTAINMENT", contained)
-    monkeypatch.setattr(sandbox, "SEPARATE_USERS", own_user)
+    monkeypatch.setattr(sandbox, "SEPARATE_USERS", own_user and not userns)
 
 
 MODES = pytest.mark.parametrize("contained", [True, False], ids=["pid-namespace", "no-namespace"])
@@ -54,6 +60,7 @@ def test_a_fork_bomb_beside_a_forking_program_costs_it_nothing(contained, monkey
     bombs = int(os.environ.get("TRACELOCK_BOMBS", "20"))
     bomber = _python("from tracelock import sandbox\nsandbox.probe_isolation()\n"
                      f"sandbox.CONTAINMENT = {contained}\n"
+                     f"sandbox.SEPARATE_USERS = {sandbox.SEPARATE_USERS}\n"
                      f"for _ in range({bombs}):\n"
                      f"    r = sandbox.run_python({BOMB!r}, timeout=10)\n"
                      f"    print(r.status, {REFUSED!r} in r.stderr, flush=True)\n", stderr=subprocess.DEVNULL)
@@ -113,6 +120,8 @@ def test_a_fork_bomb_never_leaks_into_the_next_run(contained, own_user, monkeypa
 @MODES
 def test_each_run_has_a_user_of_its_own(contained, monkeypatch):
     _mode(contained, True, monkeypatch)
+    if FEATURES["user_namespace"]:
+        pytest.skip("not a root harness: each run is the harness's own user, in a user namespace of its own")
     r = run_sandboxed("import os\nprint(os.getuid(), os.getgid(), os.getgroups())\n", timeout_s=10)
     uid, gid, groups = r.stdout.split(maxsplit=2)
     assert int(uid) in sandbox.USER_POOL and gid == uid and groups == "[]\n", r
@@ -177,14 +186,15 @@ def test_without_a_lease_directory_runs_share_nobody_and_a_warning_says_so_once(
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("")
     monkeypatch.setattr(sandbox, "LEASE_DIRS", (str(not_a_folder),))
-    for flag in ("NETWORK_ISOLATION", "DROP_PRIVILEGES", "SEPARATE_USERS", "CONTAINMENT", "_LEASE_DIR"):
+    for flag in ("NETWORK_ISOLATION", "DROP_PRIVILEGES", "SEPARATE_USERS", "CONTAINMENT", "USER_NAMESPACE",
+                 "UNCONTAINED_RUNS", "_LEASE_DIR", "_LAYOUT", "_REFUSED"):
         monkeypatch.setattr(sandbox, flag, None)  # probe afresh; restored after the test
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         features = sandbox.probe_isolation()
         sandbox.probe_isolation()
     said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
-    assert len(said) == 1 and "a user per run False" in said[0], said
+    assert len(said) == 1 and "without a user per run" in said[0], said
     assert features["separate_users"] is False and features["drop_privileges"] is True
     r = run_sandboxed("import os\nprint(os.getuid())\n", timeout_s=10)
     assert r.stdout == "65534\n", r

@@ -36,7 +36,6 @@ import dataclasses
 import fcntl
 import math
 import os
-import pwd
 import resource
 import secrets
 import selectors
@@ -52,12 +51,13 @@ import traceback
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["RunResult", "run_python", "check_program", "check_many", "probe_isolation", "NETWORK_ISOLATION",
-           "CONTAINMENT", "SEPARATE_USERS", "USER_POOL"]
+__all__ = ["RunResult", "run_python", "check_program", "check_many", "probe_isolation", "sandbox_record",
+           "require_containment", "ContainmentUnavailable", "NETWORK_ISOLATION", "CONTAINMENT", "SEPARATE_USERS",
+           "USER_NAMESPACE", "USER_POOL", "OPT_IN_ENV", "OPT_IN_FLAG"]
 
 OUTPUT_LIMIT = 4096  # bytes kept per stream: enough for a traceback, small enough for thousands of results
-NETWORK_ISOLATION: bool | None = None  # None until probed; False: unshare(CLONE_NEWNET) is not permitted here
-DROP_PRIVILEGES: bool | None = None  # True: the harness is root and the child can switch to an unprivileged user
+NETWORK_ISOLATION: bool | None = None  # None until probed; False: no network namespace is permitted here
+DROP_PRIVILEGES: bool | None = None  # True: the harness is root and the child switches to an unprivileged user
 SEPARATE_USERS: bool | None = None  # True: every run has a user of its own from USER_POOL (else nobody, shared)
 # the runs' users (uid = gid): no account, above the ranges that systemd and container tools hand out (up to
 # 0x6FFFFFFF), below systemd's "foreign" range (0x7FFE0000); one per concurrent run on the machine
@@ -66,16 +66,29 @@ USER_POOL = range(0x7A000000, 0x7A000000 + 256)
 LEASE_DIRS = ("/run/tracelock-sandbox", "/tmp/tracelock-sandbox-leases")
 LEASE_WAIT_S = 60.0  # how long a run waits for a free user when USER_POOL is exhausted
 LEFTOVER_WAIT_S = 5.0  # how long a run on a shared user waits for its leftover zombies to be reaped
-CONTAINMENT: bool | None = None  # True: private mount + PID namespaces (module docstring); False: refused or not root
+CONTAINMENT: bool | None = None  # True: each run in a file tree and PID namespace of its own; False: refused here
+USER_NAMESPACE: bool | None = None  # True: the harness is not root: containment comes with a user namespace
+UNCONTAINED_RUNS: bool | None = None  # True: a run without containment (only ever with the opt-in) can start here
+# the explicit opt-in to run generated code where it cannot be contained: the environment variable set to 1, or the
+# command-line flag (which sets it for the command and the processes it starts)
+OPT_IN_ENV, OPT_IN_FLAG = "TRACELOCK_ALLOW_UNCONTAINED_CODE", "--allow-uncontained-code"
 SCRATCH_MB = 64  # size of a contained run's working directory, a tmpfs: memory-backed, so bounded
 
 _libc = ctypes.CDLL(None, use_errno=True)  # loaded now: preexec_fn runs between fork and exec
-_CLONE_NEWNET, _CAP_DAC_READ_SEARCH, _CAPABILITY_VERSION_3 = 0x40000000, 2, 0x20080522
-_CLONE_NEWNS, _CLONE_NEWPID = 0x00020000, 0x20000000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
-# mount_setattr(2) has the same number on every architecture; struct mount_attr is four u64
-_SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID = 442, -100, 0x8000, 1, 2
-_PR_SET_KEEPCAPS, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 8, 38, 47, 2
+_CLONE_NEWNET, _CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWUSER = 0x40000000, 0x00020000, 0x20000000, 0x10000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE, _MNT_DETACH = 2, 4, 8, 4096, 16384, 1 << 18, 2
+# mount_setattr(2) has the same number on every architecture; struct mount_attr is four u64. pivot_root(2) has
+# no libc wrapper and a number per architecture: elsewhere containment is refused (fail closed)
+_SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE = 442, -100, 0x8000
+_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 1, 2, 4
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41}.get(os.uname().machine)
+_PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 4, 24, 38, 47, 4
+_CAPABILITY_VERSION_3 = 0x20080522
+try:  # the highest capability this kernel knows: each one is dropped from a user namespace's bounding set
+    with open("/proc/sys/kernel/cap_last_cap") as _f:
+        _CAP_LAST = int(_f.read())
+except (OSError, ValueError):
+    _CAP_LAST = 40
 _NOBODY = (65534, 65534)  # uid, gid of nobody/nogroup on Linux: the shared fallback user
 # last traceback lines that mean a resource limit, not a bug: RLIMIT_AS, RLIMIT_FSIZE (EFBIG). A refused fork
 # (RLIMIT_NPROC, EAGAIN) is not among them: the program may handle it, and when it does not it dies of an exception
@@ -85,7 +98,9 @@ _RESOURCE_ERRORS = ("MemoryError", "OSError: [Errno 27]")
 _PEEK = os.WEXITED | os.WNOHANG | os.WNOWAIT
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
 _probe_lock, _compile_lock = threading.Lock(), threading.Lock()
-_HOME_LAYOUT: tuple[str | None, tuple[str, ...]] = (None, ())  # set by probe_isolation: see _home_layout
+_LAYOUT: tuple[tuple[str, ...], ...] = ()  # set by probe_isolation: see _tree_layout
+_REFUSED = ""  # set by probe_isolation: why containment is refused here, for the error
+_opt_in_warned = False
 _LEASE_DIR: str | None = None  # set by probe_isolation: see _lease_dir
 
 
@@ -96,7 +111,8 @@ class RunResult:
     ``status``: "ok", "syntax_error", "runtime_error" (exception, failed assert, exit != 0), "timeout" (wall clock)
     or "killed" (signal or resource limit: SIGXCPU, MemoryError, file too large). A refused ``fork()`` that the
     program does not handle is a "runtime_error" (its traceback ends in ``BlockingIOError``). ``returncode``:
-    None when the program never ran or hit the wall timeout; negative: the signal that killed it.
+    None when the program never ran or hit the wall timeout; negative: the signal that killed it. ``contained``:
+    False only for a run the user let go without containment (``OPT_IN_ENV``), so records can say so.
     """
 
     status: str
@@ -104,6 +120,7 @@ class RunResult:
     stdout: str
     stderr: str
     seconds: float
+    contained: bool = True  # False: run without containment, on the user's explicit opt-in (OPT_IN_ENV)
 
     @property
     def passed(self) -> bool:
@@ -128,31 +145,48 @@ def _check(rc: int, what: str) -> None:
         raise OSError(ctypes.get_errno(), f"{what} failed")
 
 
-def _drop_privileges(user: tuple[int, int], keep_read_cap: bool) -> None:
-    # keep_read_cap (no containment): keep only CAP_DAC_READ_SEARCH, ambient so it survives exec, because the
-    # interpreter may live where only root can enter (here /root/.pyenv); it also lets the program read any file.
-    # Contained runs mount the interpreter back instead and keep nothing. Nothing root owns is writable either way;
-    # no_new_privs stops setuid binaries restoring root.
-    if keep_read_cap:
-        _check(_libc.prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0), "prctl(PR_SET_KEEPCAPS)")
-    os.setgroups([])
-    os.setresgid(*(user[1],) * 3)
-    os.setresuid(*(user[0],) * 3)
-    if keep_read_cap:
-        mask = 1 << _CAP_DAC_READ_SEARCH  # capset(2) v3: header {version, pid}, data[2] {effective, permitted, inh.}
-        header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
-        _check(_libc.capset(header, (ctypes.c_uint32 * 6)(mask, mask, mask, 0, 0, 0)), "capset")
-        _check(_libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, _CAP_DAC_READ_SEARCH, 0, 0), "prctl(PR_CAP_AMBIENT)")
+def _drop_privileges(user: tuple[int, int] | None) -> None:
+    """The program's last step before exec: no capability left, in any mode, none it could regain. The bounding
+    set is emptied first, while the process may still do so; then ``user``, the unprivileged user a root harness
+    switches to (setresuid clears the other sets), or None: the harness's own user inside a user namespace, where
+    the process holds the namespace's full set until its ambient, inheritable, permitted and effective sets are
+    cleared here. no_new_privs: no setuid binary or file capability gives any back."""
+    for cap in range(_CAP_LAST + 1):
+        _check(_libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), "prctl(PR_CAPBSET_DROP)")
+    _check(_libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "prctl(PR_CAP_AMBIENT)")
+    if user is not None:
+        os.setgroups([])
+        os.setresgid(*(user[1],) * 3)
+        os.setresuid(*(user[0],) * 3)
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)  # capset(2) v3: {version, pid}, 2 x {eff, perm, inh}
+    _check(_libc.capset(header, (ctypes.c_uint32 * 6)()), "capset")
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
 
 
-def _contain_processes(workdir: str, source: bytes, user: tuple[int, int]) -> None:
-    """Called right after unshare(CLONE_NEWPID | CLONE_NEWNS), in the process Popen knows (the "reporter", which
-    stays outside the new PID namespace). Forks the namespace's PID 1, a minimal init that sets up the private file
-    tree and forks the program (PID 2); only the program returns, to drop privileges and exec. Init waits for the
-    program, reaping orphans on the way, sends its wait status through a pipe and exits, which kills whatever is
-    left in the namespace; the reporter then ends exactly as the program did (same exit code, same signal).
+def _enter_user_namespace(flags: int) -> None:
+    """unshare(CLONE_NEWUSER | flags) and map the harness's own uid and gid to themselves: inside, the process holds
+    every capability over what the namespace owns (its mounts, its PID and network namespaces) and none over the
+    machine's files beyond its user's own permissions."""
+    uid, gid = os.getuid(), os.getgid()
+    _check(_libc.unshare(_CLONE_NEWUSER | flags), "unshare(CLONE_NEWUSER)")
+    for name, line in (("setgroups", "deny"), ("gid_map", f"{gid} {gid} 1"), ("uid_map", f"{uid} {uid} 1")):
+        fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+
+def _contain_processes(workdir: str, source: bytes, user: tuple[int, int] | None) -> None:
+    """Called right after the unshare, in the process Popen knows (the "reporter", which stays outside the new PID
+    namespace). Forks the namespace's PID 1, a minimal init that builds the run's file tree and forks the program
+    (PID 2); only the program returns, to drop privileges and exec. Init waits for the program, reaping orphans on
+    the way, sends its wait status through a pipe and exits, which kills whatever is left in the namespace; the
+    reporter then ends exactly as the program did (same exit code, same signal). Neither init nor the reporter is
+    dumpable: the program, the same user as them in a user namespace, cannot read their memory (a copy of the
+    harness's) through /proc or ptrace.
     """
+    _check(_libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
     status_r, status_w = os.pipe()
     init = os.fork()
     if init == 0:
@@ -174,11 +208,11 @@ def _contain_processes(workdir: str, source: bytes, user: tuple[int, int]) -> No
         os._exit(255)
 
 
-def _run_init(workdir: str, source: bytes, user: tuple[int, int], status_r: int, status_w: int) -> int:
+def _run_init(workdir: str, source: bytes, user: tuple[int, int] | None, status_r: int, status_w: int) -> int:
     """PID 1 of the run's namespace: returns 0 in the program's process, never in init's."""
     os.close(status_r)
     # an error here reaches Popen through its exec-error pipe, as any preexec's
-    _private_filesystem(workdir, source, user)
+    _build_tree(workdir, source, user or (os.getuid(), os.getgid()))
     program = os.fork()
     if program == 0:
         os.close(status_w)
@@ -210,63 +244,134 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
     _check(_libc.mount(encoded[0], encoded[1], encoded[2], ctypes.c_ulong(flags), encoded[3]), f"mount({target})")
 
 
-def _home_layout() -> tuple[str | None, tuple[str, ...]]:
-    """The harness user's home directory, hidden from contained runs, and the entries in it to mount back: the
-    ones holding the interpreter (sys.executable, the prefixes, symlinks resolved)."""
-    home = os.path.realpath(pwd.getpwuid(os.geteuid()).pw_dir)
-    if home == "/" or not os.path.isdir(home):
-        return None, ()
-    paths = (sys.executable, sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix)
-    keep = {os.path.join(home, os.path.relpath(p, home).split(os.sep)[0]) for path in paths
-            for p in (os.path.abspath(path), os.path.realpath(path)) if p.startswith(home + os.sep)}
-    return home, tuple(sorted(keep))
+def _set_mount(path: str, attr_set: int, recursive: bool) -> None:
+    attr = (ctypes.c_uint64 * 4)(attr_set, 0, 0, 0)  # struct mount_attr: attr_set, attr_clr, propagation, userns_fd
+    _check(_libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, path.encode(), _AT_RECURSIVE if recursive else 0, attr,
+                         ctypes.sizeof(attr)), f"mount_setattr({path})")
 
 
-def _private_filesystem(workdir: str, source: bytes, user: tuple[int, int]) -> None:
-    """In a fresh mount namespace (root, before the privilege drop): everything read-only, a private tmpfs as the
-    working directory, the home directory hidden, /proc for the run's PID namespace; then write the program into the
-    working directory and enter it (the current directory still points at the parent's copy under the tmpfs)."""
+def _tree_layout() -> tuple[tuple[str, ...], ...]:
+    """What a contained run's file tree holds, worked out once in the harness (whose view of the machine the
+    child's mount namespace copies): ``("bind", path)``: a host folder mounted back read-only at the same path (the
+    system's /usr, /bin, /lib..., /etc, and the interpreter's installation wherever it lives, folders only their
+    owner may enter on the way included); ``("symlink", path, target)``: a host symlink on the way to one of them,
+    recreated (/bin -> usr/bin); ``("dir", path)``: a folder on the way, empty but for what is mounted below it.
+    Every other folder of the machine (home folders, /tmp, /var, /run, /srv, /mnt, /opt...) is absent."""
+    ops: dict[str, tuple[str, ...]] = {}
+    binds: list[str] = []
+
+    def covered(path: str) -> bool:
+        return any(path == b or path.startswith(b.rstrip("/") + "/") for b in binds)
+
+    def reach(path: str, depth: int = 0) -> None:
+        """Make ``path`` resolve in the new tree as on the host: its folders, and its symlinks followed."""
+        parts = [p for p in os.path.abspath(path).split("/") if p]
+        for i in range(len(parts)):
+            here = "/" + "/".join(parts[:i + 1])
+            if covered(here) or depth > 40:
+                return
+            try:
+                st = os.lstat(here)
+            except OSError:
+                return
+            if stat.S_ISLNK(st.st_mode):
+                target = os.readlink(here)
+                ops.setdefault(here, ("symlink", here, target))
+                rest = "/".join(parts[i + 1:])
+                reach(os.path.join(os.path.dirname(here), target, rest), depth + 1)
+                return
+            if not stat.S_ISDIR(st.st_mode):
+                return
+            ops.setdefault(here, ("dir", here))
+
+    system = [p for p in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+              if os.path.lexists(p)]
+    exe, hops = os.path.abspath(sys.executable), []
+    while len(hops) < 40:  # the interpreter's symlink chain: venv/bin/python -> python3 -> /opt/.../python3.11
+        hops.append(exe)
+        if not os.path.islink(exe):
+            break
+        exe = os.path.join(os.path.dirname(exe), os.readlink(exe))
+    interpreter = {os.path.realpath(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
+                                                 os.path.dirname(os.path.realpath(sys.executable)))}
+    wanted = [os.path.realpath(p) for p in system if not os.path.islink(p)] + sorted(interpreter)
+    for path in sorted(set(wanted), key=len):  # a folder inside one already mounted is mounted with it
+        if os.path.isdir(path) and path != "/" and not covered(path):
+            reach(os.path.dirname(path))
+            binds.append(path)
+            ops[path] = ("bind", path)
+    for path in system + hops:
+        reach(path)
+    # folders first, parents before children; then the mounts, outer before inner
+    return tuple(sorted(ops.values(), key=lambda op: (op[0] == "bind", op[1].count("/"), op[1])))
+
+
+def _build_tree(workdir: str, source: bytes, user: tuple[int, int]) -> None:
+    """In the run's fresh mount namespace, before the privilege drop: a new root, a small tmpfs mounted on the run's
+    (empty) directory, holding only ``_LAYOUT`` (read-only), a minimal /dev (null, zero, full, random, urandom),
+    /proc of the run's PID namespace, and at ``workdir``'s own path the one writable place: a private tmpfs of
+    ``SCRATCH_MB`` owned by the run's user, with the program in it. pivot_root then makes it the root and detaches
+    the machine's tree, so nothing outside it can be reached again, by ``..`` or otherwise."""
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing below propagates back to the harness's tree
-    home, keep = _HOME_LAYOUT
-    if home is not None:
-        fds = [(path, os.open(path, os.O_PATH)) for path in keep]  # still reachable once the tmpfs covers home
-        _mount("tmpfs", home, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m")
-        for path, fd in fds:
-            if stat.S_ISDIR(os.fstat(fd).st_mode):
-                os.mkdir(path)
-            else:
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
-            _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
-            os.close(fd)
-    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-    attr = (ctypes.c_uint64 * 4)(_MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID, 0, 0, 0)
-    _check(_libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, attr, ctypes.sizeof(attr)),
-           "mount_setattr(/, read-only)")
-    # mounted after the read-only pass, so the one writable place; it covers the parent's (empty) directory
-    _mount("tmpfs", workdir, "tmpfs", _MS_NOSUID | _MS_NODEV,
+    os.umask(0o022)  # the skeleton's folders: for the run's user to pass through (the run's own umask is set after)
+    root = workdir
+    _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m,nr_inodes=4096")
+    for op in _LAYOUT:
+        at = root + op[1]
+        if op[0] == "symlink":
+            os.symlink(op[2], at)
+        elif op[0] == "dir":
+            os.makedirs(at, 0o755, exist_ok=True)
+        else:
+            os.makedirs(at, 0o755, exist_ok=True)
+            _mount(op[1], at, None, _MS_BIND | _MS_REC)
+            _set_mount(at, _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, recursive=True)
+    os.makedirs(root + "/dev", 0o755)
+    for name in ("null", "zero", "full", "random", "urandom"):
+        os.close(os.open(f"{root}/dev/{name}", os.O_WRONLY | os.O_CREAT, 0o644))
+        _mount(f"/dev/{name}", f"{root}/dev/{name}", None, _MS_BIND)
+        _set_mount(f"{root}/dev/{name}", _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID, recursive=False)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"{root}/dev/{name}")
+    os.makedirs(root + "/proc", 0o755)
+    _mount("proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    os.makedirs(root + "/tmp", 0o755, exist_ok=True)
+    os.makedirs(root + workdir, 0o755, exist_ok=True)
+    _mount("tmpfs", root + workdir, "tmpfs", _MS_NOSUID | _MS_NODEV,
            f"mode=0700,uid={user[0]},gid={user[1]},size={SCRATCH_MB}m,nr_inodes=4096")
-    path = os.path.join(workdir, "candidate.py")
+    path = os.path.join(root + workdir, "candidate.py")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with memoryview(source) as view:
         while view:
             view = view[os.write(fd, view):]
     os.close(fd)
     os.chown(path, *user)
+    _set_mount(root, _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID, recursive=False)  # the skeleton itself: read-only
+    os.chdir(root)
+    _check(_libc.syscall(_SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
+    _check(_libc.umount2(b".", _MNT_DETACH), "umount2(old root)")  # the machine's tree, stacked on the new root
     os.chdir(workdir)
+    os.umask(0o077)
 
 
 def _preexec(workdir: str, source: bytes, *, isolate: bool, contain: bool, user: tuple[int, int] | None,
              limits: list):
+    flags = (_CLONE_NEWNET if isolate else 0) | (_CLONE_NEWNS | _CLONE_NEWPID if contain else 0)
+    # a harness that is not root gets its namespaces through a user namespace of the run's own
+    userns = bool(flags) and os.geteuid() != 0
+
     def preexec() -> None:
         os.setsid()  # own process group, so killpg reaches every descendant that did not leave it
         os.umask(0o077)
-        flags = (_CLONE_NEWNET if isolate else 0) | (_CLONE_NEWNS | _CLONE_NEWPID if contain else 0)
-        if flags:  # fail closed: isolation was requested and probed as available
+        if userns:  # fail closed: isolation was requested and probed as available
+            _enter_user_namespace(flags)
+        elif flags:
             _check(_libc.unshare(flags), "unshare")
-        if contain:  # only with a user to drop to (probe_isolation)
+        if contain:
             _contain_processes(workdir, source, user)
-        if user is not None:
-            _drop_privileges(user, keep_read_cap=not contain)  # after the unshare and the mounts, which need root
+        if userns or user is not None:
+            _drop_privileges(user)  # after the unshare and the mounts, which need the capabilities
         for which, value in limits:
             resource.setrlimit(which, value)
     return preexec
@@ -413,13 +518,17 @@ def _launch(source: str, timeout: float, *, isolate: bool, contain: bool, user: 
 
 
 def probe_isolation() -> dict[str, bool]:
-    """Find out, once per process, which isolation features this machine permits.
+    """Find out, once per process, which isolation features this machine permits, each tried in a real child.
 
     Returns:
-        ``{"network_isolation": bool, "drop_privileges": bool, "separate_users": bool, "containment": bool}``,
-        also kept in the module-level flags.
+        ``{"network_isolation", "drop_privileges", "separate_users", "containment", "user_namespace",
+        "uncontained_runs"}`` (bools), also kept in the module-level flags. ``containment`` False: `run_python`
+        refuses to run generated code unless the user opts in (``OPT_IN_ENV``); ``uncontained_runs``: whether such
+        a run can start at all (a root harness never runs generated code as root, and without containment the
+        run's unprivileged user must be able to reach the interpreter).
     """
-    global NETWORK_ISOLATION, DROP_PRIVILEGES, SEPARATE_USERS, CONTAINMENT, _HOME_LAYOUT, _LEASE_DIR
+    global NETWORK_ISOLATION, DROP_PRIVILEGES, SEPARATE_USERS, CONTAINMENT, USER_NAMESPACE, UNCONTAINED_RUNS, \
+        _LAYOUT, _LEASE_DIR, _REFUSED
 
     def works(*, separate: bool = False, drop: bool = False, **flags) -> bool:
         # tried in a real child: seccomp, namespace policy or an unmapped id can refuse what root may do; the
@@ -433,20 +542,98 @@ def probe_isolation() -> dict[str, bool]:
     with _probe_lock:
         if NETWORK_ISOLATION is None:
             root = os.geteuid() == 0
-            _HOME_LAYOUT = _home_layout()
+            _LAYOUT = _tree_layout()
             _LEASE_DIR = _lease_dir() if root else None
-            SEPARATE_USERS = _LEASE_DIR is not None and works(isolate=False, contain=False, separate=True)
-            DROP_PRIVILEGES = SEPARATE_USERS or root and works(isolate=False, contain=False, drop=True)
-            NETWORK_ISOLATION = works(isolate=True, contain=False)
-            CONTAINMENT = DROP_PRIVILEGES and works(isolate=False, contain=True, separate=SEPARATE_USERS, drop=True)
-            if not (NETWORK_ISOLATION and SEPARATE_USERS and CONTAINMENT):  # said once per process
-                warnings.warn(f"partial sandbox: network isolation {NETWORK_ISOLATION}, root dropped {DROP_PRIVILEGES} "
-                              f"(else max_processes is not enforced), a user per run {SEPARATE_USERS} (else "
-                              "concurrent runs share nobody's max_processes), containment "
-                              f"{CONTAINMENT} (else the program may write outside its directory)", RuntimeWarning,
-                              stacklevel=2)
+            pivot = _SYS_PIVOT_ROOT is not None
+            if root:  # runs always drop to an unprivileged user: one of their own, else nobody
+                own_c = pivot and _LEASE_DIR is not None and works(contain=True, isolate=False, separate=True)
+                CONTAINMENT = own_c or pivot and works(contain=True, isolate=False, drop=True)
+                own_u = _LEASE_DIR is not None and works(contain=False, isolate=False, separate=True)
+                UNCONTAINED_RUNS = own_u or works(contain=False, isolate=False, drop=True)
+                SEPARATE_USERS = own_c if CONTAINMENT else own_u
+                DROP_PRIVILEGES = CONTAINMENT or UNCONTAINED_RUNS
+                NETWORK_ISOLATION = works(isolate=True, contain=False)  # the probe's own program, as root
+                USER_NAMESPACE = False
+            else:  # the harness's own user, in a user namespace of each run's own
+                CONTAINMENT = pivot and works(contain=True, isolate=False)
+                UNCONTAINED_RUNS = works(contain=False, isolate=False)
+                NETWORK_ISOLATION = CONTAINMENT and works(contain=True, isolate=True)
+                SEPARATE_USERS = DROP_PRIVILEGES = False
+                USER_NAMESPACE = CONTAINMENT
+            _REFUSED = "" if CONTAINMENT else (
+                f"pivot_root has no known system call number on {os.uname().machine}" if not pivot else
+                "the kernel refuses mount and PID namespaces to this root harness (a container without "
+                "CAP_SYS_ADMIN, or a seccomp policy)" if root else
+                "the kernel refuses user namespaces to this user (kernel.unprivileged_userns_clone, "
+                "user.max_user_namespaces, or an AppArmor or seccomp policy)")
+            partial = [what for what, ok in (("network isolation", NETWORK_ISOLATION),
+                                             ("a user per run (else concurrent runs share nobody's max_processes)",
+                                              SEPARATE_USERS or USER_NAMESPACE)) if not ok]
+            if CONTAINMENT and partial:  # said once per process; without containment run_python says it
+                warnings.warn(f"partial sandbox, without {' and '.join(partial)}", RuntimeWarning, stacklevel=2)
     return {"network_isolation": NETWORK_ISOLATION, "drop_privileges": DROP_PRIVILEGES,
-            "separate_users": SEPARATE_USERS, "containment": CONTAINMENT}
+            "separate_users": SEPARATE_USERS, "containment": CONTAINMENT, "user_namespace": USER_NAMESPACE,
+            "uncontained_runs": UNCONTAINED_RUNS}
+
+
+def _opted_in() -> bool:
+    value = os.environ.get(OPT_IN_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{OPT_IN_ENV}={value[:40]!r}: set it to 1 to run generated code without containment, or "
+                         "unset it")
+    return value == "1"
+
+
+def _unreachable_folder() -> str | None:
+    """The first folder on the way to the interpreter that other users may not enter (mode 0700 and the like)."""
+    path = os.path.realpath(sys.executable)
+    parts = path.split(os.sep)
+    for i in range(2, len(parts)):
+        folder = os.sep.join(parts[:i])
+        with contextlib.suppress(OSError):
+            if not os.stat(folder).st_mode & stat.S_IXOTH:
+                return folder
+    return None
+
+
+class ContainmentUnavailable(PermissionError):
+    """Generated code cannot be contained on this machine and the user has not opted in (``OPT_IN_ENV``), or no
+    run can start at all. A PermissionError, so the command line prints its one line and exits 2."""
+
+
+def require_containment() -> bool:
+    """Check, before any work, that generated code may run here; raise `ContainmentUnavailable` with the reason and
+    the fix if not. Returns True when runs are contained, False when they run uncontained on the user's opt-in
+    (a warning says so, once per process)."""
+    global _opt_in_warned
+    probe_isolation()
+    if CONTAINMENT:
+        return True
+    if not _opted_in():
+        raise ContainmentUnavailable(
+            f"generated code cannot be contained here ({_REFUSED}), and uncontained it could read, and write, what "
+            f"its user can: run it anyway only if you trust it, with {OPT_IN_FLAG} or {OPT_IN_ENV}=1")
+    if not UNCONTAINED_RUNS:
+        folder = _unreachable_folder()
+        raise ContainmentUnavailable(
+            f"generated code cannot be contained here ({_REFUSED}), and not even run uncontained: "
+            + (f"the unprivileged user it runs as cannot enter {folder} to reach the interpreter; install tracelock "
+               "where other users can read it" if folder else "the unprivileged user it runs as cannot start the "
+               "interpreter"))
+    if not _opt_in_warned:
+        _opt_in_warned = True
+        warnings.warn(f"generated code runs without containment ({OPT_IN_ENV}=1): it can read every file its user "
+                      "can and write wherever that user may; the records mark these runs uncontained",
+                      RuntimeWarning, stacklevel=2)
+    return False
+
+
+def sandbox_record() -> dict:
+    """What protected the generated code of a run, for its records: ``{"contained": bool, "opt_in": bool, ...}``
+    with the probed features; ``opt_in`` True means the user let it run without containment."""
+    features = probe_isolation()
+    return dict(contained=bool(CONTAINMENT), opt_in=not CONTAINMENT and _opted_in(),
+                **{k: bool(v) for k, v in features.items() if k != "containment"})
 
 
 def _syntax_error(source: str) -> str | None:
@@ -554,20 +741,22 @@ def run_python(source: str, *, timeout: float = 5.0, cpu_seconds: int | None = N
     start = time.perf_counter()
     if (error := _syntax_error(source)) is not None:
         return RunResult("syntax_error", None, "", error, time.perf_counter() - start)
-    probe_isolation()
+    contained = require_containment()
+    # in a user namespace the run's reporter and init count under its user too: two processes on top
+    processes = max_processes + (2 if contained and USER_NAMESPACE else 0)
     # RLIMIT_AS last: the forked child still has the parent's large address space until exec
     limits = [_lowered(resource.RLIMIT_CORE, 0), _lowered(resource.RLIMIT_CPU, cpu_seconds, cpu_seconds + 1),
-              _lowered(resource.RLIMIT_NPROC, max_processes), _lowered(resource.RLIMIT_FSIZE, max_file_mb << 20),
+              _lowered(resource.RLIMIT_NPROC, processes), _lowered(resource.RLIMIT_FSIZE, max_file_mb << 20),
               _lowered(resource.RLIMIT_AS, memory_mb << 20)]
     with _run_user(SEPARATE_USERS, DROP_PRIVILEGES) as (user, own):
-        stdout, stderr, rc = _launch(source, timeout, isolate=not network and NETWORK_ISOLATION,
-                                     contain=CONTAINMENT, user=user, own_user=own, limits=limits)
+        stdout, stderr, rc = _launch(source, timeout, isolate=bool(not network and NETWORK_ISOLATION),
+                                     contain=contained, user=user, own_user=own, limits=limits)
     last = (stderr.strip().splitlines() or [""])[-1]
     status = ("timeout" if rc is None else "ok" if rc == 0 else
               "killed" if rc < 0 or last.startswith(_RESOURCE_ERRORS) else "runtime_error")
     if rc is not None and rc < 0:  # a crash leaves no traceback: say what ended it
         stderr += f"[tracelock: the program was killed by {_signal_name(-rc)}]\n"
-    return RunResult(status, rc, stdout, stderr, time.perf_counter() - start)
+    return RunResult(status, rc, stdout, stderr, time.perf_counter() - start, contained)
 
 
 def check_program(program: str, tests: str, *, entry_point: str | None = None, timeout: float = 5.0,
