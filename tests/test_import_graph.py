@@ -22,8 +22,9 @@ LAYERS = [
     # foundations: no tracelock import above them
     ["tracelock.states", "tracelock.atomic", "tracelock.text", "tracelock.progress", "tracelock.distributed",
      "tracelock.sandbox", "tracelock.signals", "tracelock._triton", "tracelock._ext", "tracelock.integrity",
-     "tracelock.checks", "tracelock.cli_common", "tracelock.env", "tracelock.testing_chat"],
-    ["tracelock.kernels", "tracelock.ops"],
+     "tracelock.checks", "tracelock.cli_common", "tracelock.testing_chat"],
+    # the ops, their self-check and the environment report that runs it
+    ["tracelock.kernels", "tracelock.ops", "tracelock.selfcheck", "tracelock.selfcheck_inputs", "tracelock.env"],
     ["tracelock.models"],
     # the tasks: prompts, answers and scoring (the testbed's, GSM8K's answer rules)
     ["tracelock.tasks"],
