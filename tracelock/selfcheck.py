@@ -7,6 +7,7 @@ it is obeyed, so a kernel's own parity tests see the kernel. Inside a compiled g
 runs: the verdict taken before (the engine's warm-up step) holds, else the kernel runs.
 """
 
+import importlib
 import os
 import warnings
 
@@ -117,9 +118,7 @@ def check(op: str, device, dtype, kernel=None) -> tuple:
     """(passed, what was found) of ``op``'s Triton kernel (or ``kernel``) on its default small input (``tracelock
     env``, the benchmark of the check's cost); recorded as the verdict of that key."""
     if kernel is None:
-        from tracelock import ops
-
-        kernel = ops._raw(op, "triton")
+        kernel = getattr(importlib.import_module(f"tracelock.kernels.{op}"), f"{op}_triton")
     args = BUILDERS[op](None, torch.Generator().manual_seed(0), torch.device(device), dtype)
     ok, why = compare(op, kernel, args)
     key = (op, args[0].device, args[0].dtype, shape_class(args))
