@@ -246,3 +246,33 @@ def test_uncontained_code_runs_only_on_the_opt_in(callers):
     assert record["contained"] is False and record["opt_in"] is True, record
     bad = _harness(callers, mode, ["-c", check], env={sandbox.OPT_IN_ENV: "yes"})
     assert bad.returncode == 1 and f"ValueError: {sandbox.OPT_IN_ENV}='yes': set it to 1" in bad.stderr, bad.stderr
+
+
+def test_eval_refuses_uncontained_code_before_decoding_and_records_the_opt_in(callers):
+    """The command line: refused in one line naming both opt-ins, before anything is written; with the flag the run
+    goes ahead and its manifest, summary and every code item's record say the code ran uncontained."""
+    mode = "user, namespaces refused"
+    if mode not in callers:
+        pytest.skip(f"{mode}: needs a root test process to set the harness up")
+    out = os.path.join(tempfile.mkdtemp(prefix="tracelock-callers-out-"), "run")
+    os.chown(os.path.dirname(out), HARNESS_UID, HARNESS_UID)
+    try:
+        command = ["-m", "tracelock", "eval", "--model", "testbed", "--tasks", "testbed:code", "--policies",
+                   "threshold:tau=0.9", "--settings", "16/8", "--limit", "2", "--workers", "1", "--out", out,
+                   "--quiet"]
+        refused = _harness(callers, mode, command)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+        assert refused.stderr.startswith("tracelock eval: error: generated code cannot be contained here")
+        assert sandbox.OPT_IN_FLAG in refused.stderr and sandbox.OPT_IN_ENV in refused.stderr
+        assert not os.path.exists(out)
+        done = _harness(callers, mode, command + [sandbox.OPT_IN_FLAG])
+        assert done.returncode == 0, done.stderr
+        with open(os.path.join(out, "manifest.json")) as f:
+            assert json.load(f)["sandbox"]["opt_in"] is True
+        with open(os.path.join(out, "summary.json")) as f:
+            assert json.load(f)["sandbox"]["contained"] is False
+        records = [json.loads(line) for at, _, files in os.walk(out) for name in files if name.startswith("items-")
+                   for line in open(os.path.join(at, name))]
+        assert len(records) == 2 and all(r["uncontained_code"] is True for r in records), records
+    finally:
+        shutil.rmtree(os.path.dirname(out), ignore_errors=True)

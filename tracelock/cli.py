@@ -16,6 +16,7 @@ from tracelock import __version__
 from tracelock.cli_common import (
     MAX_WORKERS,
     Parser,
+    add_allow_uncontained,
     add_batch_size,
     add_device,
     add_limit,
@@ -116,6 +117,7 @@ def _add_demo(sub):
                    help="folder of --train-controller's traces, encoder, cache and controller (a rerun reuses them)")
     p.add_argument("--controller", help="a `tracelock train --out` folder for the TraceLock row "
                                         "(default: the bundled model's shipped controller)")
+    add_allow_uncontained(p)
     p.set_defaults(func=_demo)
 
 
@@ -145,6 +147,7 @@ def _add_testbed_eval(sub):
     add_device(p)
     p.add_argument("--workers", type=workers_int, default=2, help="sandbox processes that run the code answers' "
                                                                   "tests")
+    add_allow_uncontained(p)
     p.add_argument("--out", required=True, type=output_file,
                    help="JSON results file (settings already in it are skipped)")
     p.set_defaults(func=_testbed_eval)

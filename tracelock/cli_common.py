@@ -340,6 +340,10 @@ OPTIONS = {
                  "machine busy at the start, the cores its load leaves free, said on stderr, as threads that wait for "
                  "a core make decoding many times slower)",
     "--quiet": "no progress bars or status lines on stderr (results, errors and the busy-machine notice still print)",
+    "--allow-uncontained-code": "run the generated code even where the sandbox cannot contain it (the kernel refuses "
+                                "it the namespaces): it can then read and write what its user may. The same as "
+                                "TRACELOCK_ALLOW_UNCONTAINED_CODE=1; the run's records say so (default: refused, "
+                                "before anything decodes)",
 }
 
 
@@ -647,6 +651,11 @@ def default_threads() -> int:
     return int(env) if env.isdigit() and int(env) > 0 else physical_cores()
 
 
+def add_allow_uncontained(parser) -> None:
+    """``--allow-uncontained-code``, on the commands that run generated code (`tracelock.sandbox`)."""
+    parser.add_argument("--allow-uncontained-code", action="store_true", help=option_help("--allow-uncontained-code"))
+
+
 def add_runtime_options(parser) -> None:
     """``--threads`` and ``--quiet``, on every subcommand (one that defines ``--threads`` itself keeps its own, with
     the same help first: `option_help`)."""
@@ -723,6 +732,8 @@ def apply_runtime_options(args) -> None:
     prints even with --quiet: it says why the command may run slowly, or with fewer threads than the default."""
     if getattr(args, "quiet", False):
         os.environ[QUIET_ENV] = "1"
+    if getattr(args, "allow_uncontained_code", False):  # read by tracelock.sandbox, here and in torchrun's ranks
+        os.environ["TRACELOCK_ALLOW_UNCONTAINED_CODE"] = "1"
     threads = getattr(args, "threads", None) or None  # testbed-train's --threads 0 is its default
     if threads is not None or "OMP_NUM_THREADS" not in os.environ:
         cores = physical_cores()

@@ -1,32 +1,43 @@
 """Sandboxed execution of generated Python code (docs/evaluation.md), never in the harness process: a fresh interpreter
-per program with resource limits, its own process group, no network where the kernel allows, a scrubbed environment,
-closed stdin and a temporary working directory. A root harness drops the child to an unprivileged user of its own:
-one leased for the run from a pool of ids that no account uses (``USER_POOL``; ``SEPARATE_USERS``), so that
-RLIMIT_NPROC, which counts every process of a user on the machine, is the run's own budget, not one that concurrent
-runs spend for each other (RLIMIT_NPROC is not enforced for root). A lease is a lock file held for the run (released
-by the kernel if the harness dies); a user that still owns a process, a zombie of an earlier run included, is never
-leased; when the run ends, whatever is left under its user is killed, daemons that left the process group included.
-Where the pool cannot be used (no root-only lock directory, or the kernel refuses the ids, e.g. in a user namespace
-that does not map them) every run is ``nobody``, as before: concurrent runs then share one process budget, and a
-warning says so once; the harness still kills what is left in the run's session and waits for its zombies to be
-reaped before it returns, so one run does not spend the next one's budget.
+per program with resource limits, its own process group, a scrubbed environment, closed stdin and a working
+directory of its own, contained for every caller and every installation, and never with a capability.
 
-Where the kernel permits it (probed once, like the network namespace), a root harness also contains the program in
-private mount and PID namespaces (``CONTAINMENT``): the whole file tree is read-only (``/tmp`` included), the
-working directory is a small private tmpfs that vanishes with the run, the harness user's home is hidden
-(only the interpreter's installation is mounted back), and ``/proc`` shows the run's own processes only. PID 1 of
-the namespace is a minimal init owned by root that only reaps; the program is its child (PID 2), so a signal the
-program or its children send it acts as it would anywhere (PID 1 ignores signals it has no handler for), and when
-the program ends, init passes on how it ended and exits, and the kernel kills every process the program left,
-daemons that left the process group included. The program keeps no capability. Without containment (a non-root
-harness, or namespaces refused) the program can write wherever its user may, e.g. the world-writable ``/tmp``, and
-on a shared user (``nobody`` or the harness's own) a daemon that leaves its session outlives the run; a warning says
-so once.
+**Containment** (``CONTAINMENT``, probed once per process in real children): each run gets private mount, PID and
+(unless ``network=True``) network namespaces and a file tree of its own, made by its init and switched to with
+pivot_root, after which the machine's tree is detached: the system's folders (/usr, /bin, /lib..., /etc) and the
+interpreter's installation (its prefixes and the folders its symlinks pass through, wherever they live, a folder
+only its owner may enter on the way included) mounted back read-only at their own paths, a minimal /dev, /proc of
+the run's PID namespace, and a private tmpfs of ``SCRATCH_MB`` as the working directory, the one writable place.
+Every other folder of the machine (the harness user's home, /tmp, /var, /run, /mnt, ...) is absent. A root
+harness builds it as root and the program then drops to an unprivileged user; any other harness builds it in a user
+namespace of the run's own that maps the harness's user to itself, and the program drops every capability the
+namespace gave it. Either way the program ends with empty capability sets (bounding set included) and
+no_new_privs: it can read, inside its tree, only what its user may.
 
-Statuses are the same with and without the namespaces: a program ended by a signal (its own, a child's, its process
-group's, or a limit's) is "killed" and ``RunResult.signal`` names the signal. A program that dies of an unhandled
-exception is a "runtime_error" with its traceback, a refused ``fork()`` (``BlockingIOError``, the process limit)
-included: no signal ended it."""
+PID 1 of the namespace is a minimal init (the harness's fork, not dumpable, so its memory cannot be read through
+/proc) that only reaps; the program is its child (PID 2), so a signal the program or its children send it acts as
+it would anywhere, and when the program ends, init passes on how it ended and exits, and the kernel kills every
+process the program left, daemons that left the process group included.
+
+**Fail closed**: where containment is impossible (a root harness refused mount namespaces, a user refused user
+namespaces, an architecture without a known pivot_root number), `run_python` raises `ContainmentUnavailable`
+unless the user opts in explicitly (``OPT_IN_ENV`` set to 1, or the command line's ``OPT_IN_FLAG``); such runs
+carry ``RunResult.contained = False`` and the run's records say so (`sandbox_record`). A root harness never runs
+generated code as root: uncontained, the program still drops to an unprivileged user, which must then be able to
+reach the interpreter.
+
+**Process budgets**: a root harness drops each run to a user of its own, leased for the run from a pool of ids that
+no account uses (``USER_POOL``; ``SEPARATE_USERS``), so that RLIMIT_NPROC, which counts every process of a user,
+is the run's own budget. A lease is a lock file held for the run (released by the kernel if the harness dies); a
+user that still owns a process, a zombie of an earlier run included, is never leased; when the run ends, whatever
+is left under its user is killed. Where the pool cannot be used every run is ``nobody`` and a warning says so once;
+the harness then kills what is left in the run's session and waits for its zombies before it returns. In a user
+namespace (a harness that is not root) the kernel (5.14 and later) counts RLIMIT_NPROC per namespace: each run's
+budget is again its own.
+
+Statuses are the same in every mode: a program ended by a signal (its own, a child's, its process group's, or a
+limit's) is "killed" and ``RunResult.signal`` names the signal. A program that dies of an unhandled exception is a
+"runtime_error" with its traceback, a refused ``fork()`` (``BlockingIOError``, the process limit) included."""
 
 from __future__ import annotations
 
@@ -727,12 +738,16 @@ def run_python(source: str, *, timeout: float = 5.0, cpu_seconds: int | None = N
         memory_mb: RLIMIT_AS in MiB (the interpreter itself needs about 30).
         max_processes: RLIMIT_NPROC; it counts all processes and threads of the child's user, zombies included:
             the run's own user (``SEPARATE_USERS``) when the harness is root, else ``nobody`` (shared by concurrent
-            runs) where the pool is refused, or the harness's own user (not enforced for root).
+            runs) where the pool is refused; for any other harness its user within the run's own user namespace.
         max_file_mb: RLIMIT_FSIZE in MiB, the largest file the program may write.
         network: False: an empty network namespace where permitted (``NETWORK_ISOLATION``); True: untouched.
 
     Returns:
         A RunResult; stdout and stderr are cut to ``OUTPUT_LIMIT`` bytes (head of stdout, tail of stderr).
+
+    Raises:
+        ContainmentUnavailable: the program cannot be contained here and the user has not opted in (``OPT_IN_ENV``),
+            or no run can start at all; checked before anything runs.
     """
     if cpu_seconds is None and timeout > 0:
         cpu_seconds = cpu_seconds_for(timeout)
@@ -742,6 +757,8 @@ def run_python(source: str, *, timeout: float = 5.0, cpu_seconds: int | None = N
     if (error := _syntax_error(source)) is not None:
         return RunResult("syntax_error", None, "", error, time.perf_counter() - start)
     contained = require_containment()
+    if os.geteuid() == 0 and not DROP_PRIVILEGES:  # never as root (require_containment leaves no such case)
+        raise ContainmentUnavailable("a root harness found no unprivileged user to run generated code as")
     # in a user namespace the run's reporter and init count under its user too: two processes on top
     processes = max_processes + (2 if contained and USER_NAMESPACE else 0)
     # RLIMIT_AS last: the forked child still has the parent's large address space until exec

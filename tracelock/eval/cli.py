@@ -35,12 +35,20 @@ def run_eval_cli(args) -> int:
 
 def add_run_arguments(p) -> None:
     """Decoding options shared by `eval` and `paper-tables`."""
-    from tracelock.cli_common import add_batch_size, add_device, add_model_dtype, seed_int, workers_int
+    from tracelock.cli_common import (
+        add_allow_uncontained,
+        add_batch_size,
+        add_device,
+        add_model_dtype,
+        seed_int,
+        workers_int,
+    )
 
     add_batch_size(p, default=32)
     p.add_argument("--seed", type=seed_int, default=0,
                    help="seed of the random draw of items (--limit) and of sampling")
     p.add_argument("--workers", type=workers_int, default=2, help="sandbox processes for code scoring")
+    add_allow_uncontained(p)
     add_model_dtype(p)
     add_device(p, torchrun=True)
 

@@ -438,6 +438,7 @@ def _run(args) -> int:
 
 def add_parsers(sub) -> None:
     from tracelock.cli_common import (
+        add_allow_uncontained,
         add_batch_size,
         add_device,
         add_limit,
@@ -473,6 +474,7 @@ def add_parsers(sub) -> None:
     add_batch_size(p, default=32)
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random draw of items (default: 0)")
     p.add_argument("--workers", type=workers_int, default=2, help="sandbox processes for code scoring (default: 2)")
+    add_allow_uncontained(p)
     add_model_dtype(p, old=())
     add_quantize(p)
     add_device(p)

@@ -152,8 +152,12 @@ def write_report(run_dir, out=None, *, pair: str | None = None, every: int = 16,
 
     title = f"# Report: {manifest.get('task', '?')} on {manifest.get('model', '?')}"
     facts = ", ".join(f"{k} {manifest[k]}" for k in ("n", "seed", "controller") if manifest.get(k) is not None)
-    md = [title, "", f"Run folder `{run_dir}`" + (f"; {facts}." if facts else "."), "", "## Summary", "",
-          summary_table(manifest, rows), ""]
+    md = [title, "", f"Run folder `{run_dir}`" + (f"; {facts}." if facts else "."), ""]
+    if (manifest.get("sandbox") or {}).get("opt_in"):  # said where nobody can miss it
+        md += ["**The generated code of this run ran without containment**, on the explicit opt-in "
+               "(`--allow-uncontained-code` / `TRACELOCK_ALLOW_UNCONTAINED_CODE=1`): it could read and write what "
+               "its user may; its items are marked `uncontained_code` in the per-item records.", ""]
+    md += ["## Summary", "", summary_table(manifest, rows), ""]
 
     curves = {}
     for s in settings:

@@ -209,8 +209,9 @@ def check_policies(policies: list, settings: list, schedule: str, *, controller=
 
 
 def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, rank, batch_size, seed, schedule,
-                   controller, first_folder, workers, l2p=None):
-    """Decode this rank's not-yet-done ``items`` with one policy at one setting; append results and traces."""
+                   controller, first_folder, workers, l2p=None, uncontained=False):
+    """Decode this rank's not-yet-done ``items`` with one policy at one setting; append results and traces.
+    ``uncontained``: the code answers run without containment (the user's opt-in): each record says so."""
     from tracelock.policies.oracle import OraclePolicy
     from tracelock.progress import progress_bar
     from tracelock.text import decode_answer, encode_prompt
@@ -246,7 +247,8 @@ def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, ra
                 writer.add(t)
         writer.flush()  # traces first: an item is done only once its line is appended below
         append_items(items_path, [dict(id=it.id, correct=c, steps=int(t.num_steps), seconds=seconds,
-                                        completion=text, tokens=t.final.tolist())
+                                        completion=text, tokens=t.final.tolist(),
+                                        **({"uncontained_code": True} if uncontained else {}))
                                    for it, t, text, c in zip(chunk, traces, completions, correct)])
         bar.update(len(chunk))
     bar.close()
@@ -282,8 +284,8 @@ def summary_table(rows: list, settings: list[str], policies: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _write_summary(out: Path, rows: list) -> None:
-    atomic_write_json(out / "summary.json", dict(rows=rows))
+def _write_summary(out: Path, rows: list, sandbox: dict | None = None) -> None:
+    atomic_write_json(out / "summary.json", dict(rows=rows, **({"sandbox": sandbox} if sandbox else {})))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=["setting", "policy", "metric_name", "metric", "avg_steps",
                                              "seconds_per_item", "n", "top_two_rate", "critic_rate"], restval="")
@@ -305,6 +307,9 @@ def _check_manifest(out: Path, manifest: dict) -> None:
         raise ValueError(f"{out} holds a run with other {', '.join(changed)} "
                          f"({', '.join(f'{k}={old.get(k)!r}' for k in changed)}); pass another --out or the same "
                          "arguments to resume it")
+    # a run that once let its generated code go uncontained stays marked so
+    if "sandbox" in manifest and (old.get("sandbox") or {}).get("opt_in") is not True:
+        old["sandbox"] = manifest["sandbox"]
     # policies and settings may grow between runs: the manifest lists the union, in first-seen order
     for key in ("policies", "settings"):
         known = {json.dumps(x, sort_keys=True) for x in old[key]}
@@ -345,6 +350,12 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
     out = Path(out)
     task = make_task(task_spec, seed=seed)
     items = task.items(n)
+    sandbox = None
+    if task.runs_code:  # fail closed before anything loads or decodes: the error names the opt-in
+        from tracelock.sandbox import require_containment, sandbox_record
+
+        require_containment()
+        sandbox = sandbox_record()
     manifest = dict(task=task_spec, metric_name=task.metric_name, model=str(model_path),
                     model_fingerprint=model_fingerprint(model_path), n=len(items), seed=seed, schedule=schedule,
                     controller=None if controller is None else str(controller),
@@ -354,7 +365,7 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
                                    schedule=schedule_kind(p, schedule)) for p in policies],
                     settings=[dict(label=s.label, slug=s.slug, gen_length=s.gen_length, width=s.width)
                               for s in settings],
-                    versions=dict(torch=torch.__version__))
+                    versions=dict(torch=torch.__version__), **({"sandbox": sandbox} if sandbox else {}))
     # one writer per rank and folder: a second eval into the same --out is refused, not interleaved
     with folder_lock(out, f"lock-rank{rank}"):
         if rank == 0:
@@ -370,7 +381,8 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
                 folder = out / "runs" / setting.slug / policy.slug
                 _decode_policy(model, tokenizer, task, mine, policy, setting, folder, rank=rank, batch_size=batch_size,
                                seed=seed, schedule=schedule, controller=controller, l2p=l2p, workers=workers,
-                               first_folder=out / "runs" / setting.slug / policies[0].slug)
+                               first_folder=out / "runs" / setting.slug / policies[0].slug,
+                               uncontained=bool(sandbox and not sandbox["contained"]))
         if world_size > 1:
             torch.distributed.barrier()
         if rank != 0:
@@ -394,7 +406,7 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
             from tracelock.eval.judging import apply_judgements
 
             rows = apply_judgements(out, rows, manifest["settings"])
-        _write_summary(out, rows)
+        _write_summary(out, rows, manifest.get("sandbox"))
         remove_stale_temps(out, recursive=True)  # every rank is done: what is left is a killed writer's
         wanted = {(s.label, p.label) for s in settings for p in policies}
         rows = [r for r in rows if (r["setting"], r["policy"]) in wanted]

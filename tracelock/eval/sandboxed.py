@@ -1,8 +1,10 @@
 """`run_sandboxed`: the stable script API for running generated Python code, a thin layer over `tracelock.sandbox`.
 
 The code runs in a separate, resource-limited process (never in the caller's), with a scrubbed environment, no
-network, an unprivileged user of its own (so runs beside it do not spend its process limit) and, where the kernel
-permits, a read-only file tree and its own PID namespace; see `tracelock.sandbox`.
+network, a process budget of its own, no capability, its own PID namespace and a read-only file tree of its own that
+holds the system's folders and the interpreter only, for a root harness and any other alike. Where the kernel
+refuses that containment, the code runs only on the user's explicit opt-in (``TRACELOCK_ALLOW_UNCONTAINED_CODE=1``)
+and `tracelock.sandbox.ContainmentUnavailable` is raised otherwise; see `tracelock.sandbox`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ def run_sandboxed(code: str, *, timeout_s: float = 10.0, memory_mb: int = 512) -
     Returns:
         The sandbox's RunResult: ``.status`` ("ok", "syntax_error", "runtime_error", "timeout", "killed"),
         ``.passed`` (status == "ok"), ``.stdout``, ``.stderr`` (cut to `tracelock.sandbox.OUTPUT_LIMIT` bytes),
-        ``.returncode`` and ``.seconds``.
+        ``.returncode``, ``.seconds`` and ``.contained`` (False only for a run on the opt-in).
+
+    Raises:
+        tracelock.sandbox.ContainmentUnavailable: the code cannot be contained here and the user has not opted in.
     """
     if not isinstance(code, str):
         raise TypeError(f"code must be a str holding a Python program, got {type(code).__name__}")

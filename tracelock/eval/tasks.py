@@ -49,6 +49,7 @@ class Task(abc.ABC):
     name: str
     metric_name: str = "accuracy"
     judged: bool = False
+    runs_code: bool = False  # its scoring runs the generated code (in tracelock.sandbox)
     seed: int = 0  # of the random draw of ``n`` items
 
     @abc.abstractmethod
@@ -116,7 +117,7 @@ def humaneval_completion(problem: dict, reply: str) -> str:
 
 
 class HumanEvalTask(Task):
-    name, metric_name = "humaneval", "pass@1"
+    name, metric_name, runs_code = "humaneval", "pass@1", True
 
     def __init__(self, path: str | None = None, with_tests: bool = False):
         self.path, self.with_tests = path, with_tests
@@ -172,6 +173,7 @@ class TestbedTask(Task):
         self.task, self.split, self.seed = task, split, seed
         self.name = f"testbed:{task}" + ("" if split == "test" else f"@{split}")
         self.metric_name = "accuracy" if task == "math" else "pass@1"
+        self.runs_code = task == "code"
 
     def items(self, n):
         from tracelock.tasks import POOL, draw

@@ -62,8 +62,20 @@ def _check_rows(rows: list, *, gen_length: int, block, window) -> None:
                              f"of {window}")
 
 
+def _code_sandbox(tasks: list[str]) -> dict | None:
+    """When ``tasks`` hold the code task: fail closed now, before the model loads (the error names the opt-in), and
+    return the sandbox's record (`tracelock.sandbox.sandbox_record`); None without code."""
+    if "code" not in tasks:
+        return None
+    from tracelock.sandbox import require_containment, sandbox_record
+
+    require_containment()
+    return sandbox_record()
+
+
 def run_demo(args) -> int:
     t0 = time.perf_counter()
+    sandbox = _code_sandbox(testbed_task_names(args.tasks))
     block = args.block if args.block or args.window else 16
     width = args.window or block
     family = ModelSpec.from_pretrained(resolve_path(args.model)).family
@@ -89,6 +101,8 @@ def run_demo(args) -> int:
                                         batch_size=args.batch_size, on_batch=bar.update))
         bar.close()
         print(format_table(task, setting, [r.summary() for r in rows]) + "\n")
+        if task == "code" and not sandbox["contained"]:
+            print("the code answers ran without containment (--allow-uncontained-code)\n")
         best = rows[0]
         print(f"sample ({best.label}):\n{items[0].prompt}\n---\n{best.completions[0]}\n")
     print(f"total {time.perf_counter() - t0:.0f} s on this machine")
@@ -139,6 +153,7 @@ def run_eval(args) -> int:
     run's canvases, which the oracle row replays, to ``<out>.canvas.safetensors``; a rerun skips what is there.
     """
     family = ModelSpec.from_pretrained(resolve_path(args.model)).family
+    sandbox = _code_sandbox(testbed_task_names(args.tasks))
     chosen = {}  # each setting's rows, their specs checked before the model loads
     for setting in args.settings.split(","):
         gen_length, width = _setting(setting)
@@ -172,7 +187,8 @@ def run_eval(args) -> int:
                 with progress_bar(total=len(items), desc=key) as bar:
                     r = evaluate_policy(model, tokenizer, items, label, name, policy_args, on_batch=bar.update,
                                         **settings)
-                rows.append({**r.summary(), "item_ids": list(ids)})
+                rows.append({**r.summary(), "item_ids": list(ids),
+                             **({"sandbox": sandbox} if task == "code" else {})})
                 if label == policies[0][0]:
                     canvases[key] = r.canvas.cpu().contiguous()
                     atomic_write(canvas_file, lambda p: save_file(canvases, p))
@@ -183,7 +199,8 @@ def run_eval(args) -> int:
                 with progress_bar(total=len(items), desc=key) as bar:
                     oracle = evaluate_oracle(model, tokenizer, items, reference_label, canvases[key],
                                              on_batch=bar.update, **settings)
-                rows.append({**oracle.summary(), "item_ids": list(ids)})
+                rows.append({**oracle.summary(), "item_ids": list(ids),
+                             **({"sandbox": sandbox} if task == "code" else {})})
                 atomic_write_json(out, results)
             print(format_table(task, f"gen {gen_length}, {args.schedule} {width}", rows) + "\n", flush=True)
     return 0
