@@ -14,6 +14,7 @@ turns on) triton's own ``tl.standard`` helpers (max, argmax, sigmoid, ...) are i
 ``triton.compile`` fails on them (triton 3.7.1). Run this file as a script to compile every case and print JSON.
 """
 
+import importlib
 import json
 import os
 import subprocess
@@ -41,7 +42,11 @@ ALIGNED = {"_tap_project_kernel": ("D", "N", "stride_h1", "stride_h2", "stride_h
            "_linear_rows_kernel": ("N", "K", "stride_x", "stride_r"),
            # the vocabulary-wide row passes (V 126464 / 152064, rows of V logits)
            "_credit_fuse_kernel": ("V", "stride_l"), "_step_kl_kernel": ("V", "stride_l"),
-           "_topk_js_kernel": ("V", "stride_l")}
+           "_topk_js_kernel": ("V", "stride_l"),
+           # the same passes fused into the LM head (window_logits_stats's sizes)
+           "_head_credit_fuse_kernel": ("V", "D", "SPLIT_V", "stride_h"),
+           "_head_topk_js_kernel": ("V", "D", "SPLIT_V", "stride_h"),
+           "_head_step_kl_kernel": ("V", "D", "SPLIT_V", "stride_h")}
 
 
 def _aligned(cases: list) -> list:
@@ -245,11 +250,74 @@ def _topk_js_cases():
                     for k in (1, 16)]
 
 
+def _head_cases(module: str, types, constexprs: dict, merge_types: dict, merge_constexprs: list) -> list:
+    """A vocabulary pass fused into the LM head: its split kernel (``types(dt)``) on the fp32 path at 64 rows (its
+    largest row tile) and on the bf16 path at 64 and 16 rows with every autotune config, the bf16 64- and 32-row
+    tiles again as launched at the released shapes (pipelined, no spills); its merge at each of ``merge_constexprs``."""
+    configs = len(importlib.import_module(f"tracelock.kernels.{module}").CONFIGS)
+    kernel = f"_{module}_kernel"
+    cases = []
+    paths = [("fp32", False, 64, 1), ("bf16", True, 64, configs), ("bf16", True, 16, 1)]
+    for dt, native, block_r, n_configs in paths:
+        cases += [dict(id=f"{module}-{dt}-R{block_r}-cfg{i}", module=module, kernel=kernel, types=types(dt),
+                       constexprs=dict(constexprs, DOT_NATIVE=native, BLOCK_R=block_r), config=i)
+                  for i in range(n_configs)]
+    bf16 = [c for c in cases if c["constexprs"]["DOT_NATIVE"] and c["constexprs"]["BLOCK_R"] == 64]
+    cases += _aligned(bf16)
+    cases += _aligned([dict(c, id=c["id"].replace("-R64-", "-R32-"), constexprs=dict(c["constexprs"], BLOCK_R=32))
+                       for c in bf16])
+    for extra in merge_constexprs:
+        cases.append(dict(id=f"{module}_merge-" + "-".join(f"{k}{v}" for k, v in extra.items()), module=module,
+                          kernel=f"_{module}_merge_kernel", types=merge_types, constexprs=extra, config=None))
+    return cases
+
+
+# the launchers' merge tiles: [rows, BLOCK_S] of at most 4096 elements, from one split up to MAX_SPLITS
+_MERGE_TILES = [dict(BLOCK_R=128, BLOCK_S=1), dict(BLOCK_R=8, BLOCK_S=512), dict(BLOCK_R=1, BLOCK_S=2)]
+_SPLIT_SIZES = dict(R="i32", V="i32", D="i32", S="i32", SPLIT_V="i32", stride_h="i32")
+
+
+def _head_credit_fuse_cases():
+    f32 = ("PART_M1", "PART_Z1", "PART_F1", "PART_M2", "PART_Z2")
+    parts = dict(dict.fromkeys(f32, "*fp32"), PART_I1="*i64", PART_I2="*i64")
+
+    def types(dt):
+        return dict(H=f"*{dt}", W=f"*{dt}", CREDIT="*fp32", FRESH="*i1", **parts, **_SPLIT_SIZES, alpha="fp32",
+                    beta="fp32")
+
+    merge = dict(**parts, CREDIT="*fp32", BOOST="*i1", PROPOSAL="*i64", CONFIDENCE="*fp32", R="i32", V="i32", S="i32",
+                 alpha="fp32", gamma="fp32")
+    return _head_cases("head_credit_fuse", types, {}, merge, _MERGE_TILES)
+
+
+def _head_topk_js_cases():
+    def types(dt):
+        return dict(H=f"*{dt}", W=f"*{dt}", PART_M="*fp32", PART_Z="*fp32", PART_V="*fp32", PART_I="*i64",
+                    **_SPLIT_SIZES, K="i32")
+
+    merge = dict(PART_M="*fp32", PART_Z="*fp32", PART_V="*fp32", PART_I="*i64", PREV_IDS="*i64", PREV_PROBS="*fp32",
+                 HAS_PREV="*i1", IDS="*i64", PROBS="*fp32", JS="*fp32", V="i32", K="i32", S="i32")
+    # K = 8 (LESS's) from one split up to the most the merge takes (4096 candidates), and K = 1
+    tiles = [dict(BLOCK_K=8, BLOCK_S=1, BLOCK_C=8), dict(BLOCK_K=8, BLOCK_S=512, BLOCK_C=4096),
+             dict(BLOCK_K=1, BLOCK_S=4, BLOCK_C=4)]
+    return _head_cases("head_topk_js", types, dict(BLOCK_K=8), merge, tiles)
+
+
+def _head_step_kl_cases():
+    def types(dt):
+        return dict(H=f"*{dt}", W=f"*{dt}", PREV_LOGITS="*fp32", PREV_LSE="*fp32", PART_M="*fp32", PART_Z="*fp32",
+                    PART_A="*fp32", PART_I="*i64", **_SPLIT_SIZES)
+
+    merge = dict(PART_M="*fp32", PART_Z="*fp32", PART_A="*fp32", PART_I="*i64", PREV_LSE="*fp32", PROPOSAL="*i64",
+                 CONFIDENCE="*fp32", KL="*fp32", R="i32", S="i32")
+    return _head_cases("head_step_kl", types, {}, merge, _MERGE_TILES)
+
+
 def cases() -> list[dict]:
     """Every (kernel, specialisation, config) to compile, as plain data the child process can rebuild."""
     return (_tap_project_cases() + _window_logits_stats_cases() + _commit_step_cases() + _add_rms_norm_cases()
             + _rope_qkv_cases() + _silu_mul_cases() + _linear_rows_cases() + _credit_fuse_cases() + _step_kl_cases()
-            + _topk_js_cases())
+            + _topk_js_cases() + _head_credit_fuse_cases() + _head_topk_js_cases() + _head_step_kl_cases())
 
 
 def _ptxas() -> str | None:
