@@ -187,7 +187,8 @@ class DecodeEngine:
         """The ops the forwards run in place of their outputs (`verbs.forward_ops`), from the engine's op set."""
         self.window_logits_stats, self.tap_project = verbs.forward_ops(
             self.policy, self.model, window_logits_stats=self.ops.window_logits_stats,
-            tap_project=self.ops.tap_project, temperature=self.settings.temperature, cfg_scale=0.0)
+            tap_project=self.ops.tap_project, temperature=self.settings.temperature, cfg_scale=0.0,
+            filtered=self.settings.filtered)
 
     def _allocate(self):
         N, L, dev, spec = self.num_slots, self.length, self.device, self.spec
@@ -463,7 +464,8 @@ class DecodeEngine:
             for name, value in vocab.items():
                 self.vocab_buffers[name].index_copy_(0, target, value.to(self.vocab_buffers[name].dtype))
         signals = verbs.step_signals(head, spec=self.spec, from_stats=self.window_logits_stats is not None,
-                                     temperature=self.settings.temperature, generator=self.generator)
+                                     temperature=self.settings.temperature, generator=self.generator,
+                                     top_p=self.settings.top_p, top_k=self.settings.top_k)
         fields = (signals.proposal, signals.confidence, signals.margin, signals.neg_entropy, signals.eos_prob)
         for buf, value in zip(self.signal_buffers, fields):
             buf.index_copy_(0, target, value.to(buf.dtype))

@@ -90,7 +90,7 @@ def run_decode(model, input_ids, settings: DecodeSettings, *, attention_mask=Non
     first_active = torch.full((B,), canvas.prompt_len, dtype=torch.long, device=device)
     window_logits_stats, tap_project = verbs.forward_ops(policy, model, window_logits_stats=window_logits_stats,
                                                          tap_project=tap_project, temperature=temperature,
-                                                         cfg_scale=cfg_scale)
+                                                         cfg_scale=cfg_scale, filtered=settings.filtered)
     forward = partial(verbs.forward_rows, model, canvas, cfg_scale=cfg_scale, window_logits_stats=window_logits_stats,
                       tap_project=tap_project, kernels=kernels)
     kv = None if cache is None else DecodeKVCache(
@@ -120,7 +120,8 @@ def run_decode(model, input_ids, settings: DecodeSettings, *, attention_mask=Non
         else:
             head, taps = kv.step(forward, rows, region.query(), region.lo, region.hi, T)
         signals = verbs.step_signals(head, spec=spec, from_stats=window_logits_stats is not None,
-                                     temperature=temperature, generator=generator)
+                                     temperature=temperature, generator=generator, top_p=settings.top_p,
+                                     top_k=settings.top_k)
         x, state = canvas.x[rows], canvas.state[rows]
         mask = None if canvas.attention_mask is None else canvas.attention_mask[rows]
         row_counters = counters.take(rows)

@@ -10,9 +10,9 @@ import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
-from tracelock.cli_common import did_you_mean
 from tracelock.decode.kv_cache import default_refresh_shift, validate_cache
 from tracelock.decode.schedule import validate_schedule
+from tracelock.names import DECODE_NAMES, unknown_name_hint
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,11 @@ class DecodeSettings:
         window (int, optional): soft-crop window width. Default: None (with no block: the full region).
         policy_args (dict, optional): keyword arguments of a named policy, e.g. ``{"tau": 0.9}``.
         temperature (float): 0 = greedy; > 0 samples by Gumbel-max. Default: 0.0.
+        top_p (float, optional): nucleus filter in (0, 1], Dream's ``top_p_logits``: each slot keeps its most likely
+            tokens up to the one that takes their probability past ``top_p``; sampling, confidences and entropies read
+            the kept tokens only (as Dream's ``sample_tokens``). None or 1: every token. Default: None.
+        top_k (int, optional): keep the ``top_k`` most likely tokens of each slot (after ``top_p``, as Dream). Default:
+            None (every token).
         cfg_scale (float): LLaDA's classifier-free guidance scale. Default: 0.0.
         stop_at_eot (bool): a committed end token finishes its row. Default: False (paper presets).
         idle_steps (bool): reproduce the reference release's block-advance artifact. Default: False.
@@ -57,6 +62,8 @@ class DecodeSettings:
     cache: str | None = None
     refresh_every: int | None = None
     refresh_shift: int | None = None
+    top_p: float | None = None
+    top_k: int | None = None
 
     def __post_init__(self):
         if self.policy_args is not None and not isinstance(self.policy_args, Mapping):
@@ -67,6 +74,12 @@ class DecodeSettings:
             # a real number (None, a string or inf would fail deep in the loop, or decode garbage)
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
                 raise ValueError(f"{name}={value!r} must be a finite number >= 0 (0 = {zero})")
+        p = self.top_p
+        if p is not None and (isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 < p <= 1):
+            raise ValueError(f"top_p={p!r} must lie in (0, 1] (1 or None: every token)")
+        k = self.top_k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1):
+            raise ValueError(f"top_k={k!r} must be an int >= 1 (None: every token)")
         validate_schedule(self.gen_length, self.block, self.window, self.idle_steps)
         validate_cache(self.cache, self.refresh_every, self.refresh_shift, self.schedule_kind, self.cfg_scale)
 
@@ -77,6 +90,11 @@ class DecodeSettings:
         if self.cache is not None and self.refresh_shift is None and self.schedule_kind == "window":
             return default_refresh_shift(self.window)
         return self.refresh_shift
+
+    @property
+    def filtered(self) -> bool:
+        """Whether ``top_p`` / ``top_k`` cut the distributions (the steps then read the logits)."""
+        return (self.top_p is not None and self.top_p < 1) or self.top_k is not None
 
     @property
     def schedule_kind(self) -> str:
@@ -101,7 +119,7 @@ def settings_from(settings, overrides: dict, caller: str) -> DecodeSettings:
     unknown = [k for k in overrides if k not in FIELDS]
     if unknown:
         raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}; the decoding settings are: "
-                        f"{', '.join(FIELDS)}{did_you_mean(unknown[0], FIELDS)}")
+                        f"{', '.join(FIELDS)}{unknown_name_hint(unknown[0], FIELDS, DECODE_NAMES)}")
     if settings is None:
         missing = [k for k in ("policy", "gen_length") if k not in overrides]
         if missing:

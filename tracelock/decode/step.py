@@ -20,7 +20,7 @@ from tracelock.decode.settings import DecodeSettings
 from tracelock.models.backbone import DiffusionBackbone
 from tracelock.policies import make_policy
 from tracelock.policies.base import Lookahead, Policy, StepInput
-from tracelock.signals import Signals, apply_cfg, compute_signals
+from tracelock.signals import Signals, apply_cfg, compute_signals, filter_top_p_top_k
 
 
 @dataclass
@@ -68,6 +68,9 @@ def check_memory_rule(policy: Policy, settings: DecodeSettings) -> None:
     if settings.temperature > 0:
         raise ValueError(f"policy {policy.name!r} decodes greedily, as its authors' code is checked here: pass "
                          f"temperature=0, not {settings.temperature}")
+    if settings.filtered:
+        raise ValueError(f"policy {policy.name!r} reads each slot's whole distribution, as its authors' code does: "
+                         f"drop top_p={settings.top_p} / top_k={settings.top_k}")
 
 
 def memory_width(policy: Policy, schedule: Schedule, cache) -> int:
@@ -130,11 +133,13 @@ def _project_folded(tap_project, A, c, h1, h2, h3):
     return tap_project(h1, h2, h3, A, c)
 
 
-def forward_ops(policy: Policy, model, *, window_logits_stats, tap_project, temperature, cfg_scale) -> tuple:
+def forward_ops(policy: Policy, model, *, window_logits_stats, tap_project, temperature, cfg_scale,
+                filtered: bool = False) -> tuple:
     """(window_logits_stats, tap_project) for the forward to run in place of its outputs, each None to get the
     logits / the raw taps. Greedy steps without CFG score from the LM head's input (no logits written); a policy
-    with a linear tap fold (`Policy.tap_fold`) then gets its controller inputs, ``tap_project`` bound to the fold."""
-    if window_logits_stats is None or temperature > 0 or cfg_scale or policy.reads_vocab:
+    with a linear tap fold (`Policy.tap_fold`) then gets its controller inputs, ``tap_project`` bound to the fold.
+    ``filtered`` (top-p / top-k) needs the logits too."""
+    if window_logits_stats is None or temperature > 0 or cfg_scale or policy.reads_vocab or filtered:
         return None, None
     fold = policy.tap_fold(model) if policy.needs_taps and tap_project is not None else None
     return window_logits_stats, None if fold is None else partial(_project_folded, tap_project, *fold)
@@ -213,11 +218,15 @@ def forward_rows(model, canvas: Canvas, rows, positions, tap_positions, cfg_scal
     return apply_cfg(cond, un, cfg_scale), None if not taps else tuple(t.chunk(2)[0] for t in out.taps), None
 
 
-def step_signals(head, *, spec, from_stats: bool, temperature: float, generator) -> Signals:
-    """The `Signals` of a forward's ``head``: `window_logits_stats`'s statistics (``from_stats``) or logits."""
+def step_signals(head, *, spec, from_stats: bool, temperature: float, generator, top_p=None, top_k=None) -> Signals:
+    """The `Signals` of a forward's ``head``: `window_logits_stats`'s statistics (``from_stats``) or logits, these
+    cut by ``top_p`` / ``top_k`` first (Dream's ``sample_tokens``: its filters on logits / T, then every signal from
+    the kept tokens)."""
     if from_stats:
         proposal, max_prob, second_prob, neg_entropy, eos_prob = head
         return Signals(proposal, max_prob, max_prob - second_prob, neg_entropy, eos_prob)
+    if (top_p is not None and top_p < 1) or top_k is not None:
+        head = filter_top_p_top_k(head, top_p=top_p, top_k=top_k, temperature=temperature)
     return compute_signals(head, eos_id=spec.eos_id, temperature=temperature, generator=generator,
                            tempered=spec.family == "dream")
 
