@@ -7,18 +7,23 @@ __version__ = "0.1.0"
 # the public names load on first use (PEP 562), so `import tracelock` and the CLI's `--help` do not pay for torch
 # (about 1.3 s); each module imports torch before anything that may load the compiled extension tracelock._C
 _EXPORTS = {
+    "CompletionOutput": "tracelock.llm",
     "DecodeSettings": "tracelock.decode.settings",
+    "LLM": "tracelock.llm",
     "ModelSpec": "tracelock.models",
     "fused_generate": "tracelock.generate",
     "generate_many": "tracelock.throughput",
     "load_model": "tracelock.models",
     "load_tokenizer": "tracelock.models",
     "reference_generate": "tracelock.reference",
+    "RequestOutput": "tracelock.llm",
+    "SamplingParams": "tracelock.llm",
     "write_tiny_checkpoint": "tracelock.models",
 }
 
-__all__ = ["DecodeSettings", "ModelSpec", "__version__", "fused_generate", "generate_many", "load_model",
-           "load_tokenizer", "reference_generate", "write_tiny_checkpoint"]
+__all__ = ["CompletionOutput", "DecodeSettings", "LLM", "ModelSpec", "RequestOutput", "SamplingParams", "__version__",
+           "fused_generate", "generate_many", "load_model", "load_tokenizer", "reference_generate",
+           "write_tiny_checkpoint"]
 
 
 def __getattr__(name):
