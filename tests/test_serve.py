@@ -203,6 +203,23 @@ def test_sampling(client, prompts):
     assert replies[0].choices[0].message.content != greedy.choices[0].message.content
 
 
+def test_n_choices_top_p_and_top_k(client, testbed, prompts):
+    """``n`` choices sample with seeds seed, seed + 1, ... (choice 0 is the n=1 request's); greedy choices are all the
+    offline answer; ``top_p`` and ``top_k`` are `fused_generate`'s."""
+    model, tok = testbed
+    several = chat(client, prompts[3], max_tokens=32, temperature=1.5, seed=7, n=3)
+    one = chat(client, prompts[3], max_tokens=32, temperature=1.5, seed=7)
+    assert [c.index for c in several.choices] == [0, 1, 2]
+    assert several.choices[0].message.content == one.choices[0].message.content
+    assert several.usage.completion_tokens == sum(len(c.token_ids) for c in several.choices)
+    greedy = chat(client, prompts[2], max_tokens=32, n=2, top_p=0.5, extra_body={"top_k": 3})
+    ids = encode_prompt(tok, prompts[2])
+    tokens, _ = tracelock.fused_generate(model, [ids], gen_length=32, block=BLOCK, top_p=0.5, top_k=3,
+                                         **SETTINGS["threshold:tau=0.9"])
+    want = tok.decode(answer_ids(tokens[0, len(ids):].tolist(), model.spec.end_ids), skip_special_tokens=True)
+    assert [c.message.content for c in greedy.choices] == [want, want]
+
+
 def _error(exc) -> dict:
     return exc.value.body if isinstance(exc.value.body, dict) else json.loads(exc.value.body)
 
@@ -215,10 +232,13 @@ def _error(exc) -> dict:
     (dict(prompt="apples " * 600), 400, "prompt"),
     (dict(extra_body={"policy": "nope"}), 400, "policy"),
     (dict(extra_body={"policy": "random"}), 400, "policy"),  # a real policy this server does not allow
-    (dict(n=2), 400, "n"),
+    (dict(n=2, stream=True), 400, "n"),
+    (dict(n=0), 400, "n"),
+    (dict(logprobs=2), 400, "logprobs"),
+    (dict(extra_body={"top_k": -5}), 400, "top_k"),
     (dict(model="gpt-4"), 404, "model"),
 ], ids=["mistyped", "max_tokens-0", "max_tokens-too-large", "temperature-mistyped", "prompt-too-long",
-        "unknown-policy", "disallowed-policy", "n", "unknown-model"])
+        "unknown-policy", "disallowed-policy", "n-streamed", "n-0", "logprobs", "top_k", "unknown-model"])
 def test_bad_requests_name_the_field(client, kwargs, status, param):
     args = dict(model="testbed", prompt="Mia has 3 apples.", max_tokens=16) | kwargs
     with pytest.raises(openai.APIStatusError) as exc:

@@ -39,10 +39,13 @@ class ServerState:
     draining: bool = False  # SIGTERM came: the running requests finish, new ones are refused
 
 
-def _usage(result: Result, policy: str) -> dict:
-    done = len(result.answer.token_ids)
-    return dict(prompt_tokens=result.prompt_tokens, completion_tokens=done, total_tokens=result.prompt_tokens + done,
-                gen_length=result.gen_length, steps=result.steps, policy=policy)
+def _usage(result: Result | list, policy: str) -> dict:
+    """OpenAI's usage of one result or of a request's ``n`` (their tokens and steps summed)."""
+    results = result if isinstance(result, list) else [result]
+    done = sum(len(r.answer.token_ids) for r in results)
+    first = results[0]
+    return dict(prompt_tokens=first.prompt_tokens, completion_tokens=done, total_tokens=first.prompt_tokens + done,
+                gen_length=first.gen_length, steps=sum(r.steps for r in results), policy=policy)
 
 
 class _Endpoint:
@@ -68,15 +71,15 @@ class _Endpoint:
             raise APIError(400, f"the chat template refused these messages: {err}", "messages") from None
         return tok(text, add_special_tokens=False)["input_ids"], "messages"
 
-    def choice(self, answer, delta: str | None = None, finish_reason=None) -> dict:
-        """A whole answer's choice, or a stream chunk's (``delta`` set)."""
+    def choice(self, answer, delta: str | None = None, finish_reason=None, index: int = 0) -> dict:
+        """A whole answer's choice (the ``index``-th of a request's ``n``), or a stream chunk's (``delta`` set)."""
         if self.name == "completions":
             if delta is None:
-                return dict(index=0, text=answer.text, finish_reason=answer.finish_reason, logprobs=None,
+                return dict(index=index, text=answer.text, finish_reason=answer.finish_reason, logprobs=None,
                             token_ids=answer.token_ids)
             return dict(index=0, text=delta, finish_reason=finish_reason, logprobs=None)
         if delta is None:
-            return dict(index=0, message=dict(role="assistant", content=answer.text),
+            return dict(index=index, message=dict(role="assistant", content=answer.text),
                         finish_reason=answer.finish_reason, logprobs=None, token_ids=answer.token_ids)
         return dict(index=0, delta={} if finish_reason else dict(content=delta), finish_reason=finish_reason,
                     logprobs=None)
@@ -143,38 +146,58 @@ def create_app(state: ServerState) -> FastAPI:
             if state.mask_id in prompt:
                 raise APIError(400, f"{field} contains the mask token (id {state.mask_id}); remove it", field)
             config.check_prompt(len(prompt), gen_length, field)
-            setting = config.setting(policy, gen_length, req.temperature, req.seed)
+            # choice i of n samples with seed + i (greedy choices are one decode's, repeated)
+            seed = req.seed or 0
+            settings = [config.setting(policy, gen_length, req.temperature, seed + i, req.top_p, req.cut_top_k)
+                        for i in range(req.n)]
         except APIError as err:
             return error_response(err, endpoint.name)
-        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-        sub = Submission(prompt=prompt, setting=setting, policy=policy, max_tokens=max_tokens, stops=req.stops,
-                         stream=req.stream, emit=_emitter(loop, queue))
-        if not state.scheduler.submit(sub):
-            return refusal(429, f"the server is full ({config.max_batch} requests decoding, "
-                                f"{state.scheduler.max_waiting} waiting)", "server_full", endpoint.name)
-        head = dict(id=endpoint.id_prefix + sub.id, created=int(time.time()), model=config.model_name)
+        loop = asyncio.get_running_loop()
+        distinct = list(dict.fromkeys(settings))
+        queues = [asyncio.Queue() for _ in distinct]
+        subs = [Submission(prompt=prompt, setting=setting, policy=policy, max_tokens=max_tokens, stops=req.stops,
+                           stream=req.stream, emit=_emitter(loop, queue)) for setting, queue in zip(distinct, queues)]
+        for k, sub in enumerate(subs):
+            if not state.scheduler.submit(sub):
+                for taken in subs[:k]:
+                    state.scheduler.cancel(taken)
+                return refusal(429, f"the server is full ({config.max_batch} requests decoding, "
+                                    f"{state.scheduler.max_waiting} waiting)", "server_full", endpoint.name)
+        head = dict(id=endpoint.id_prefix + subs[0].id, created=int(time.time()), model=config.model_name)
         if req.stream:
-            return StreamingResponse(_stream(endpoint, sub, queue, head, policy.label), media_type="text/event-stream")
-        return await _whole(request, endpoint, sub, queue, head, policy.label)
+            return StreamingResponse(_stream(endpoint, subs[0], queues[0], head, policy.label),
+                                     media_type="text/event-stream")
+        which = [distinct.index(s) for s in settings]
+        return await _whole(request, endpoint, subs, queues, which, head, policy.label)
 
-    async def _whole(request, endpoint, sub, queue, head, policy):
+    async def _whole(request, endpoint, subs, queues, which, head, policy):
+        """The answers of ``subs`` (one per distinct setting; choice i is ``which[i]``'s) as one response."""
         watcher = asyncio.ensure_future(_disconnected(request))
+        results = []
         try:
-            while True:
-                getter = asyncio.ensure_future(queue.get())
-                done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:  # the client went away: free the slot
-                    getter.cancel()
-                    state.scheduler.cancel(sub)
-                    metrics.inc("requests_total", endpoint=endpoint.name, outcome="cancelled")
-                    return JSONResponse({}, status_code=499)
-                kind, value = getter.result()
-                if kind == "error":
-                    return error_response(value, endpoint.name)
-                if kind == "done":
-                    metrics.inc("requests_total", endpoint=endpoint.name, outcome="ok")
-                    return JSONResponse(dict(head, object=endpoint.object_name, choices=[endpoint.choice(value.answer)],
-                                             usage=_usage(value, policy)))
+            for queue in queues:
+                while True:
+                    getter = asyncio.ensure_future(queue.get())
+                    done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                    if getter not in done:  # the client went away: free the slots
+                        getter.cancel()
+                        for sub in subs:
+                            state.scheduler.cancel(sub)
+                        metrics.inc("requests_total", endpoint=endpoint.name, outcome="cancelled")
+                        return JSONResponse({}, status_code=499)
+                    kind, value = getter.result()
+                    if kind == "error":
+                        for sub in subs:
+                            state.scheduler.cancel(sub)
+                        return error_response(value, endpoint.name)
+                    if kind == "done":
+                        results.append(value)
+                        break
+            metrics.inc("requests_total", endpoint=endpoint.name, outcome="ok")
+            chosen = [results[k] for k in which]
+            return JSONResponse(dict(head, object=endpoint.object_name,
+                                     choices=[endpoint.choice(r.answer, index=i) for i, r in enumerate(chosen)],
+                                     usage=_usage(chosen, policy)))
         finally:
             watcher.cancel()
 

@@ -24,6 +24,8 @@ class DecodeSetting:
     gen_length: int
     temperature: float = 0.0
     seed: int = 0
+    top_p: float | None = None
+    top_k: int | None = None
 
 
 @dataclass
@@ -164,16 +166,24 @@ class ServeConfig:
         width = policy.width
         return max_tokens, -(-max_tokens // width) * width
 
-    def setting(self, policy: ServedPolicy, gen_length: int, temperature: float | None, seed: int | None):
+    def setting(self, policy: ServedPolicy, gen_length: int, temperature: float | None, seed: int | None,
+                top_p: float | None = None, top_k: int | None = None):
         """The `DecodeSetting` of a request (seed matters only when sampling, so greedy requests share engines). A
-        rule with a memory per slot decodes greedily: a request that asks it to sample is a 400 naming
-        ``temperature``."""
+        rule with a memory per slot decodes greedily from whole distributions: a request that asks it to sample, or
+        to cut the distributions (``top_p`` / ``top_k``), is a 400 naming the field."""
         temperature = float(temperature or 0.0)
+        top_p = None if top_p in (None, 1) else float(top_p)
+        for name, value in (("top_p", top_p), ("top_k", top_k)):
+            if value is not None and remembers(policy.name):
+                raise APIError(400, f"{name}={value:g}: the policy {policy.label!r} keeps a memory per slot and reads "
+                                    f"whole distributions; leave {name} out, or choose another of this server's "
+                                    f"policies ({', '.join(self.by_label)})", name)
         if temperature > 0 and remembers(policy.name):
             raise APIError(400, f"temperature={temperature:g}: the policy {policy.label!r} keeps a memory per slot and "
                                 "decodes greedily; send temperature 0 (or leave it out), or choose another of this "
                                 f"server's policies ({', '.join(self.by_label)})", "temperature")
-        return DecodeSetting(policy.label, gen_length, temperature, int(seed or 0) if temperature > 0 else 0)
+        return DecodeSetting(policy.label, gen_length, temperature, int(seed or 0) if temperature > 0 else 0, top_p,
+                             top_k)
 
     def check_prompt(self, prompt_tokens: int, gen_length: int, param: str) -> None:
         if prompt_tokens + gen_length > self.max_positions:

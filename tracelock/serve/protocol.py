@@ -1,9 +1,11 @@
 """Request bodies of the OpenAI-compatible endpoints, their validation, and OpenAI-style JSON errors.
 
 Bodies are validated strictly from the raw JSON (a string where a number belongs is an error, not coerced). Fields
-OpenAI defines that this server cannot honour (``n > 1``, ``logprobs``, ``echo``, ``suffix``, ``top_p < 1``, ...)
+OpenAI defines that this server cannot honour (``logprobs``, ``echo``, ``suffix``, ``n > 1`` with ``stream``, ...)
 are refused with an error naming them; fields it does not know are ignored, as OpenAI's own SDK may send new ones.
-Extensions: ``policy`` (a commitment policy the server allows) and ``seed`` (sampling).
+``n`` completions sample with seeds ``seed, seed + 1, ...``; ``top_p`` and ``top_k`` (vLLM's extension) cut each
+position's distribution as Dream's sampler does. Extensions: ``policy`` (a commitment policy the server allows),
+``seed`` (sampling) and ``top_k``.
 
 Every error is ``{"error": {"message", "type", "param", "code"}}`` with the offending field in ``param``.
 """
@@ -25,6 +27,9 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+MAX_N = 16  # choices one request may ask for
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -32,6 +37,7 @@ class _Request(BaseModel):
     max_tokens: int | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: dict | None = None
@@ -45,12 +51,17 @@ class _Request(BaseModel):
 
     def unsupported(self) -> None:
         """Refuse what the server cannot honour, naming the field."""
-        if self.n != 1:
-            raise APIError(400, f"n={self.n}: this server returns one choice per request; send n=1", "n")
-        if self.top_p not in (None, 1):
-            raise APIError(400, f"top_p={self.top_p}: nucleus sampling is not supported; use temperature", "top_p")
+        if not 1 <= self.n <= MAX_N:
+            raise APIError(400, f"n={self.n} must lie in 1..{MAX_N}", "n")
+        if self.n > 1 and self.stream:
+            raise APIError(400, f"n={self.n} with stream=true is not supported: stream one choice (n=1), or send "
+                                "stream=false for several", "n")
+        if self.top_k is not None and self.top_k not in (0, -1) and self.top_k < 1:
+            raise APIError(400, f"top_k={self.top_k} must be >= 1 (0 or -1: every token)", "top_k")
         if self.logprobs:
-            raise APIError(400, "logprobs are not supported by this server", "logprobs")
+            raise APIError(400, "logprobs are not supported: a diffusion model commits tokens in any order, so the "
+                                "probability each was committed at is not its log-likelihood given the text before "
+                                "it; leave logprobs out", "logprobs")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise APIError(400, f"{name} is not supported by this server", name)
@@ -63,6 +74,11 @@ class _Request(BaseModel):
     @property
     def stops(self) -> list:
         return [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def cut_top_k(self) -> int | None:
+        """``top_k`` as the decoder takes it: None for every token."""
+        return None if self.top_k in (None, 0, -1) else self.top_k
 
     @property
     def include_usage(self) -> bool:

@@ -282,7 +282,8 @@ class Scheduler:
                               l2p=self.l2p)
         engine = DecodeEngine(self.model, policy=policy, gen_length=setting.gen_length,
                               slots=1 if sub.alone else self.max_batch, prompt_len=bucket,
-                              temperature=setting.temperature, seed=setting.seed, compile=self.compile,
+                              temperature=setting.temperature, seed=setting.seed, top_p=setting.top_p,
+                              top_k=setting.top_k, compile=self.compile,
                               **served.decode)
         self.metrics.inc("engines_built_total")
         self._lanes[key] = Lane(engine, key)
