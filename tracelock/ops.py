@@ -107,6 +107,9 @@ IMPLEMENTATIONS = {
     "credit_fuse": ("triton", "torch"),
     "step_kl": ("triton", "torch"),
     "topk_js": ("triton", "torch"),
+    "head_credit_fuse": ("triton", "torch"),
+    "head_topk_js": ("triton", "torch"),
+    "head_step_kl": ("triton", "torch"),
 }
 # what a family of `fused_generate(impl=...)` runs for an op that lacks that member: its nearest one (the kernels
 # have no C++ version, the bookkeeping no Triton one, the block advance no CUDA one)
@@ -194,6 +197,9 @@ class OpSet:
     credit_fuse: Callable
     step_kl: Callable
     topk_js: Callable
+    head_credit_fuse: Callable
+    head_topk_js: Callable
+    head_step_kl: Callable
     impls: dict
 
 
@@ -755,6 +761,12 @@ def _check_logits(logits: torch.Tensor) -> tuple:
     return tuple(logits.shape)
 
 
+def _check_finite(**values) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) < float("inf"):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
 def credit_fuse(logits: torch.Tensor, credit: torch.Tensor, boost: torch.Tensor, fresh: torch.Tensor, alpha: float,
                 gamma: float, beta: float, *, impl: str | None = None) -> tuple:
     """CreditDecoding's step (spec: ``credit_fuse_ref``): decay (or, ``fresh``, restart) each slot's credit, add
@@ -777,9 +789,7 @@ def credit_fuse(logits: torch.Tensor, credit: torch.Tensor, boost: torch.Tensor,
     _check_arg("credit", credit, (torch.float32,), (N, V), like)
     _check_arg("boost", boost, (torch.bool,), (N,), like)
     _check_arg("fresh", fresh, (torch.bool,), (N,), like)
-    for name, value in (("alpha", alpha), ("gamma", gamma), ("beta", beta)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) < float("inf"):
-            raise ValueError(f"{name} must be a finite number, got {value!r}")
+    _check_finite(alpha=alpha, gamma=gamma, beta=beta)
     return _run("credit_fuse", impl, _pick_impl("credit_fuse", impl, logits.device), logits, credit, boost, fresh,
                 float(alpha), float(gamma), float(beta))
 
@@ -832,3 +842,102 @@ def topk_js(logits: torch.Tensor, prev_ids: torch.Tensor, prev_probs: torch.Tens
         raise ValueError(f"prev_ids has K = {prev_ids.shape[1]}; the Triton topk_js keeps the top-K in registers, at "
                          f"most {MAX_TOPK}: use impl='torch'")
     return _run("topk_js", impl, chosen, logits, prev_ids, prev_probs, has_prev)
+
+
+# ---- the same passes fused into the LM head: hidden rows and the head weight in place of the logits
+
+
+def _check_head(hidden: torch.Tensor, weight: torch.Tensor) -> tuple:
+    """[R, D] hidden rows (strided rows allowed) and a contiguous [V, D] head weight, V >= 1; returns (R, V)."""
+    _check_arg("hidden", hidden, _FLOATS, strided_rows=True)
+    _check_dims("hidden", hidden, "[R, D]")
+    _check_arg("weight", weight, _FLOATS, like=("hidden", hidden))
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[1] or weight.shape[0] == 0:
+        raise ValueError(f"weight must be [V, D] with V >= 1 and D = {hidden.shape[1]} (hidden's width), "
+                         f"got shape {list(weight.shape)}")
+    return hidden.shape[0], weight.shape[0]
+
+
+def head_credit_fuse(hidden: torch.Tensor, weight: torch.Tensor, credit: torch.Tensor, boost: torch.Tensor,
+                     fresh: torch.Tensor, alpha: float, gamma: float, beta: float, *, impl: str | None = None) -> tuple:
+    """`credit_fuse` on the LM head's logits ``hidden @ weight.T`` (spec: ``head_credit_fuse_ref``). The Triton path
+    computes the head tile by tile over splits of the vocabulary and never writes the [R, V] logits.
+
+    Args:
+        hidden (torch.Tensor): [R, D] final-normed hidden states of the slots, fp32, fp16 or bf16; rows may be
+            strided (each row contiguous).
+        weight (torch.Tensor): [V, D] LM-head weight, fp32, fp16 or bf16 (the hidden dtype for the tensor-core path).
+        credit (torch.Tensor): [R, V] fp32 credit, contiguous. Updated in place.
+        boost, fresh (torch.Tensor): [R] bool: the slot is masked (its top-1 gains credit); its credit restarts.
+        alpha, gamma, beta (float): the fusion weight, the boost exponent, the decay (finite numbers).
+        impl (str, optional): "torch" or "triton". Default: ``TRACELOCK_IMPL``, else the fastest available.
+
+    Returns:
+        (proposal [R] int64 argmax of the fused logits, confidence [R] fp32 its fused probability).
+    """
+    R, V = _check_head(hidden, weight)
+    like = ("hidden", hidden)
+    _check_arg("credit", credit, (torch.float32,), (R, V), like)
+    _check_arg("boost", boost, (torch.bool,), (R,), like)
+    _check_arg("fresh", fresh, (torch.bool,), (R,), like)
+    _check_finite(alpha=alpha, gamma=gamma, beta=beta)
+    return _run("head_credit_fuse", impl, _pick_impl("head_credit_fuse", impl, hidden.device), hidden, weight, credit,
+                boost, fresh, float(alpha), float(gamma), float(beta))
+
+
+def head_topk_js(hidden: torch.Tensor, weight: torch.Tensor, prev_ids: torch.Tensor, prev_probs: torch.Tensor,
+                 has_prev: torch.Tensor, *, impl: str | None = None) -> tuple:
+    """`topk_js` on the LM head's logits ``hidden @ weight.T`` (spec: ``head_topk_js_ref``). The Triton path computes
+    the head tile by tile over splits of the vocabulary and never writes the [R, V] logits.
+
+    Args:
+        hidden (torch.Tensor): [R, D] final-normed hidden states of the slots, fp32, fp16 or bf16; rows may be
+            strided (each row contiguous).
+        weight (torch.Tensor): [V, D] LM-head weight, fp32, fp16 or bf16 (the hidden dtype for the tensor-core path).
+        prev_ids (torch.Tensor): [R, K] int64 the previous top-K ids, 1 <= K <= V (at most `MAX_TOPK` for Triton).
+        prev_probs (torch.Tensor): [R, K] fp32 their probabilities.
+        has_prev (torch.Tensor): [R] bool, the slot had a previous pass.
+        impl (str, optional): "torch" or "triton". Default: ``TRACELOCK_IMPL``, else the fastest available.
+
+    Returns:
+        (ids [R, K] int64 descending (ties to the lowest index), probs [R, K] fp32, js [R] fp32).
+    """
+    R, V = _check_head(hidden, weight)
+    like = ("hidden", hidden)
+    _check_arg("prev_ids", prev_ids, (torch.int64,), like=like)
+    if prev_ids.dim() != 2 or prev_ids.shape[0] != R or not 1 <= prev_ids.shape[1] <= V:
+        raise ValueError(f"prev_ids must be [R, K] with R = {R} (hidden's rows) and 1 <= K <= V = {V} (weight's "
+                         f"rows), got shape {list(prev_ids.shape)}")
+    _check_arg("prev_probs", prev_probs, (torch.float32,), tuple(prev_ids.shape), like)
+    _check_arg("has_prev", has_prev, (torch.bool,), (R,), like)
+    chosen = _pick_impl("head_topk_js", impl, hidden.device)
+    if chosen == "triton" and prev_ids.shape[1] > MAX_TOPK:
+        raise ValueError(f"prev_ids has K = {prev_ids.shape[1]}; the Triton head_topk_js keeps the top-K in registers, "
+                         f"at most {MAX_TOPK}: use impl='torch'")
+    return _run("head_topk_js", impl, chosen, hidden, weight, prev_ids, prev_probs, has_prev)
+
+
+def head_step_kl(hidden: torch.Tensor, weight: torch.Tensor, prev_logits: torch.Tensor, prev_lse: torch.Tensor, *,
+                 impl: str | None = None) -> tuple:
+    """KLASS's step on the LM head's logits ``hidden @ weight.T`` with the memory kept as the previous step's logits
+    and their logsumexp (spec: ``head_step_kl_ref``; ``step_kl`` within V·1e-12). The Triton path computes the head
+    tile by tile over splits of the vocabulary and writes no distribution, only this step's logits into the memory.
+
+    Args:
+        hidden (torch.Tensor): [R, D] final-normed hidden states of the slots, fp32, fp16 or bf16; rows may be
+            strided (each row contiguous).
+        weight (torch.Tensor): [V, D] LM-head weight, fp32, fp16 or bf16 (the hidden dtype for the tensor-core path).
+        prev_logits (torch.Tensor): [R, V] fp32 the previous step's logits, contiguous. Overwritten in place.
+        prev_lse (torch.Tensor): [R] fp32 their logsumexp, +inf for a slot with no previous pass (its logits are not
+            read). Overwritten in place.
+        impl (str, optional): "torch" or "triton". Default: ``TRACELOCK_IMPL``, else the fastest available.
+
+    Returns:
+        (proposal [R] int64 argmax, confidence [R] fp32 max probability, kl [R] fp32).
+    """
+    R, V = _check_head(hidden, weight)
+    like = ("hidden", hidden)
+    _check_arg("prev_logits", prev_logits, (torch.float32,), (R, V), like)
+    _check_arg("prev_lse", prev_lse, (torch.float32,), (R,), like)
+    return _run("head_step_kl", impl, _pick_impl("head_step_kl", impl, hidden.device), hidden, weight, prev_logits,
+                prev_lse)

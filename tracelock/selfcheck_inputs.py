@@ -126,5 +126,39 @@ def topk_js(a, g, device, dtype):
     return logits, ids, probs, torch.tensor([True, False, True], device=device)
 
 
+def _head(a, g, device, dtype, R=3):
+    """Hidden rows and a head weight whose logits are a few units in scale (as `_logits`)."""
+    D = a[0].shape[1] if a else 64
+    V = min(a[1].shape[0], _V) if a else _V - 1
+    wdt = a[1].dtype if a else dtype
+    return (_randn(g, R, D, dtype=dtype, device=device),
+            _randn(g, V, D, dtype=wdt, device=device, scale=3 * D**-0.5))
+
+
+def head_credit_fuse(a, g, device, dtype):
+    hidden, weight = _head(a, g, device, dtype)
+    credit = torch.rand(3, weight.shape[0], generator=g).to(device)
+    boost, fresh = torch.tensor([True, True, False], device=device), torch.tensor([False, True, False], device=device)
+    return (hidden, weight, credit, boost, fresh, *(tuple(float(x) for x in a[5:8]) if a else (0.5, 1.0, 0.9)))
+
+
+def head_topk_js(a, g, device, dtype):
+    hidden, weight = _head(a, g, device, dtype)
+    V = weight.shape[0]
+    K = min(a[2].shape[1], V) if a else 4
+    ids = torch.stack([torch.randperm(V, generator=g)[:K] for _ in range(3)]).to(device)
+    probs = (torch.rand(3, K, generator=g) / K).to(device)
+    return hidden, weight, ids, probs, torch.tensor([True, False, True], device=device)
+
+
+def head_step_kl(a, g, device, dtype):
+    hidden, weight = _head(a, g, device, dtype)
+    prev_logits = torch.randn(3, weight.shape[0], generator=g) * 3
+    prev_lse = prev_logits.logsumexp(-1)
+    prev_lse[0] = float("inf")  # a slot with no previous pass
+    return hidden, weight, prev_logits.to(device), prev_lse.to(device)
+
+
 BUILDERS = {f.__name__: f for f in (window_logits_stats, tap_project, commit_step, add_rms_norm, rope_qkv, silu_mul,
-                                    linear_rows, credit_fuse, step_kl, topk_js)}
+                                    linear_rows, credit_fuse, step_kl, topk_js, head_credit_fuse, head_topk_js,
+                                    head_step_kl)}
