@@ -100,20 +100,38 @@ def test_race_dry_run(tmp_path, shape):
 
 
 def test_backbone_dry_run(tmp_path, study_script):
-    """Every backbone variant's cached step at B = 1 and 2 (uncompiled on the CPU), each checked against the first
-    variant's tokens; the fastest recorded per batch."""
+    """Every backbone variant's cached step (uncompiled on the CPU): the CUDA-graph ones at B = 1 and 2, the
+    compile-heavy ones at B = 1 after them; each checked against the torch spec's tokens before it is timed; the
+    choice per batch; the floor with the rows' KV cache."""
     saved = study_script("gpu_backbone").main(["--out", str(tmp_path), "--dry-run"])
     assert saved == json.loads((tmp_path / "gpu-backbone-llada-8b-dry-run.json").read_text())
     assert saved["floors"]["weight_bytes_per_step"] > 0 and "copy_bandwidth" not in saved["floors"]  # no GPU
     variants = saved["variants"]
-    assert len(variants) == 8, list(variants)
+    assert list(variants) == ["cudagraphs-kernels-B1", "cudagraphs-kernels+matmul-B1", "cudagraphs-kernels-B2",
+                              "cudagraphs-kernels+matmul-B2", "inductor-regional-specs-B1",
+                              "inductor-regional-kernels-B1"]
     for name, row in variants.items():
         assert "error" not in row, (name, row.get("error"))
+        assert row["check"]["tokens_equal"] and row["check"]["dtype"] == "torch.float32", name
         assert row["cached_steps"] > 0 and row["cached_step_median"] > 0
         # fp32 on a CPU: the Triton products run only on CUDA, every variant runs the same math here
-        assert row.get("agreement", 1.0) == 1.0, name
+        assert row.get("agreement_with_first_variant", 1.0) == 1.0, name
+    assert variants["cudagraphs-kernels-B2"]["kv_bytes_per_step"] == 2 * variants["cudagraphs-kernels-B1"][
+        "kv_bytes_per_step"] > 0
     assert saved["choice"]["B1"]["fastest"] in {"cudagraphs-kernels", "cudagraphs-kernels+matmul",
                                                 "inductor-regional-specs", "inductor-regional-kernels"}
+
+
+def test_backbone_mismatch_stops_the_variant(tmp_path, study_script, monkeypatch):
+    """A variant whose tokens differ from the spec's on the check model is recorded and not timed."""
+    script = study_script("gpu_backbone")
+    real = script.spec_tokens
+    monkeypatch.setattr(script, "spec_tokens", lambda *a: real(*a) + 1)
+    saved = script.main(["--out", str(tmp_path), "--dry-run", "--batches", "1", "--variants", "cudagraphs-kernels"])
+    row = saved["variants"]["cudagraphs-kernels-B1"]
+    assert not row["check"]["tokens_equal"] and row["check"]["first_difference"]["position"] >= 0
+    assert row["stopped"].startswith("tokens differ") and "cached_step_median" not in row
+    assert saved["choice"]["B1"] == {"fastest": None, "why": "no variant ran"}
 
 
 def test_session_stops_at_once_without_the_peer(tmp_path):

@@ -104,27 +104,39 @@ def setup(args):
     return model, prompts, dict(RULE, gen_length=gen, block=block), config, model.device, label, batches
 
 
-def weight_floor(model, device) -> dict:
-    """The bytes a cached step reads (every parameter but the embedding table, whose rows are gathered) and, on a
-    known card, the time reading them takes at the card's bandwidth."""
+def weight_floor(model, device, batch: int = 1, canvas: int | None = None) -> dict:
+    """The bytes a cached step reads (every parameter but the embedding table, whose rows are gathered; with
+    ``canvas``, also the KV cache of ``batch`` rows of ``canvas`` positions, which a dual-cache step's attention reads
+    whole) and, on a known card, the time reading them takes at the card's bandwidth (``floor_seconds``; the weights
+    alone: ``weight_floor_seconds``)."""
     read = sum(p.numel() * p.element_size() for name, p in model.named_parameters() if name != "embed.weight")
-    out = dict(weight_bytes_per_step=read)
+    spec = model.spec
+    kv = 0 if canvas is None else (2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * batch * canvas *
+                                   next(model.parameters()).element_size())
+    out = dict(weight_bytes_per_step=read, kv_bytes_per_step=kv, batch=batch, canvas=canvas)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         card = next((k for k in BANDWIDTH if k in name), None)
         if card:
-            out.update(card=card, bandwidth=BANDWIDTH[card], floor_seconds=read / BANDWIDTH[card])
+            out.update(card=card, bandwidth=BANDWIDTH[card], floor_seconds=(read + kv) / BANDWIDTH[card],
+                       weight_floor_seconds=read / BANDWIDTH[card])
     return out
 
 
 def time_engine_steps(model, prompts, settings, device, compile) -> dict:
     """Decode ``prompts`` on an engine, timing every step; the medians of the cached-only and refresh steps."""
     engine = _engine(model, prompts, settings, compile)
-    for _ in range(2):  # the first round compiles / captures; the second is timed
-        engine.reset()
-        for p in prompts:
-            engine.admit(p)
-        times = step_times(engine, device)
+    engine_step_medians(engine, prompts, device)  # the first round compiles / captures; the second is timed
+    return engine_step_medians(engine, prompts, device)
+
+
+def engine_step_medians(engine, prompts, device) -> dict:
+    """One decode of ``prompts`` on ``engine`` (reset first), every step timed: the cached-only and refresh steps'
+    medians and counts."""
+    engine.reset()
+    for p in prompts:
+        engine.admit(p)
+    times = step_times(engine, device)
     return dict(cached_step_median=statistics.median(times["cached"]), cached_steps=len(times["cached"]),
                 refresh_step_median=statistics.median(times["refresh"]) if times["refresh"] else None,
                 refresh_steps=len(times["refresh"]))

@@ -25,7 +25,7 @@ call reads its weights from HBM, as each layer of a forward does); the mean per 
 ``--dry-run``: the CPU at tiny shapes (no bandwidth; the Triton kernel under ``TRITON_INTERPRET=1``, else the
 spec; eager timing; max-autotune replaced by ``torch.compile(backend="eager")`` at one shape, only to run the
 code): tests/test_gpu_gemm_script.py. The JSON (``gpu-gemm.json``, ``gpu-gemm-dry-run.json``) is rewritten
-atomically after every stage.
+atomically after every stage and every measured row.
 
     python bench/studies/gpu_gemm.py --out DIR [--shapes llada-8b dream-7b] [--rows 1 8 32] [--budget SECONDS] \
         [--dry-run]
@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_stages import Budget, ceilings, log, roofline, run_stage, sync, time_call  # noqa: E402
+from gpu_stages import Budget, bundle_from_env, ceilings, log, roofline, run_stage, sync, time_call  # noqa: E402
 
 from tracelock import ops  # noqa: E402
 from tracelock.atomic import atomic_write_text  # noqa: E402
@@ -151,11 +151,12 @@ def _triton_choice() -> str | None:
 
 
 def shape_stage(shape, rows, device, ctx) -> dict:
-    """cuBLAS and the Triton kernel (autotuned, and each config) at every product of ``shape`` and M."""
+    """cuBLAS and the Triton kernel (autotuned, and each config) at every product of ``shape`` and M; the rows go
+    into ``ctx["result"][shape]`` as they are measured, each saved (a run cut off keeps them)."""
     from tracelock.kernels.linear_rows import CONFIGS, linear_rows_triton
 
     layers, prods = products(shape, ctx["dry_run"])
-    out = dict(layers=layers, impl=ctx["impl"], table=[], per_step={})
+    out = ctx["result"][shape] = dict(layers=layers, impl=ctx["impl"], table=[], per_step={})
     for p in prods:
         for M in rows:
             inputs = Inputs(M, p["N"], p["K"], p.get("bias", False), device, ctx["dtype"], ctx["copies"](p))
@@ -172,6 +173,7 @@ def shape_stage(shape, rows, device, ctx) -> dict:
                     dict(measure(f"cfg{i}", partial(linear_rows_triton, inputs.x, bias=b, config=i), inputs, ref, io,
                                  device, ctx), config=str(c)) for i, c in enumerate(CONFIGS)]
             out["table"].append(row)
+            ctx["progress"]()
             log(shape, p["name"], M, {k: row[k].get("seconds", row[k].get("error")) for k in ("cublas", "triton")})
     for M in rows:
         mine = [r for r in out["table"] if r["M"] == M]
@@ -319,6 +321,7 @@ def main(argv=None):
         atomic_write_text(path, json.dumps(result, indent=2, default=str) + "\n")
 
     save()
+    ctx.update(result=result, progress=lambda: (save(), bundle_from_env()))
     run_stage(result, "copy", lambda: copy_stage(device, bandwidth), save, budget, 5)
     ctx["copy_gb_per_s"] = result["copy"].get("gb_per_s")
     for shape in args.shapes:

@@ -19,7 +19,7 @@ per item, tokens/s, mean steps, forwards); Fast-dLLM's row has its NFE and the s
 tracelock's eager B = 1 tokens (bf16 rounds differently in the two: no exact match is asked for on a GPU; the dry run
 in fp32 is exact for LLaDA). Every cell is guarded (an error is recorded in its place) and skipped, with the reason,
 when the time budget (``--budget``) has less left than it needs; the JSON (``gpu-race-<shape>.json``) is rewritten
-atomically after every cell.
+atomically after every cell, with the speedups, the summary and the table.
 
 ``--dry-run``: the micro checkpoint of the shape's family on the CPU, gen 16, blocks of 8, B = 1 and 2, the engine
 uncompiled (tests/test_gpu_decode_script.py).
@@ -170,12 +170,17 @@ def main(argv=None):
                   platform.processor() or platform.machine(), torch=torch.__version__, gen_length=gen, block=block,
                   prompt_length=prompt_len, batches=list(batches), per_step=args.per_step, budget_seconds=args.budget,
                   settings={f"k{k}": our_settings(family, k, gen, block) for k in args.per_step},
-                  floor=gpu_decode.weight_floor(model, device), cells={})
+                  floor=gpu_decode.weight_floor(model, device, 1, prompt_len + gen), cells={})
     path = Path(args.out) / f"gpu-race-{args.shape}{'-dry-run' if args.dry_run else ''}.json"
     cells = result["cells"]
 
     def save():
+        # the speedups, the goals' ratios and the table after every cell: a run cut off keeps them
+        speedups(cells, args.per_step)
+        result["summary"] = summary(cells, args.per_step, batches, engine_name)
         atomic_write_text(path, json.dumps(result, indent=2, default=str) + "\n")
+        atomic_write_text(path.with_name(f"race-{args.shape}{'-dry-run' if args.dry_run else ''}.md"),
+                          markdown(result))
 
     folder, why = peers.find_fastdllm(args.peer_fastdllm)
     fast = None
@@ -219,12 +224,8 @@ def main(argv=None):
             k = args.per_step[0]
             run_stage(cells, f"k{k}-B1-engine-inductor", lambda k=k: our_cell(
                 model, prompts[:1], our_settings(family, k, gen, block), device, True)[0], save, budget, 90)
-    speedups(cells, args.per_step)
-    result["summary"] = summary(cells, args.per_step, batches, engine_name)
     save()
-    table = markdown(result)
-    atomic_write_text(path.with_name(f"race-{args.shape}{'-dry-run' if args.dry_run else ''}.md"), table)
-    log(table)
+    log(markdown(result))
     log("summary", result["summary"])
     log("wrote", path)
     return result

@@ -3,8 +3,12 @@ roofline (bench/studies/gpu_step.py, bench/studies/gpu_race.py)."""
 
 import argparse
 import contextlib
+import io
+import os
+import tarfile
 import time
 import traceback
+from pathlib import Path
 
 import torch
 
@@ -26,9 +30,35 @@ class Budget:
         return self.end - time.monotonic()
 
 
+def bundle(folder, archive) -> int:
+    """Pack every file under ``folder`` into the gzipped tar ``archive``, written beside it and renamed into place
+    (a kill leaves the previous archive whole); returns the number of files. The GPU session's one result file."""
+    folder, archive = Path(folder), Path(archive)
+    data = io.BytesIO()
+    # a dry run's micro checkpoints are inputs, not results
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and not any(
+        part.startswith("micro-") for part in p.relative_to(folder).parts))
+    with tarfile.open(fileobj=data, mode="w:gz") as tar:
+        for p in files:
+            tar.add(p, arcname=str(p.relative_to(folder)))
+    tmp = archive.with_name(f".{archive.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data.getvalue())
+    os.replace(tmp, archive)
+    return len(files)
+
+
+def bundle_from_env() -> None:
+    """`bundle` the session's work folder into its archive when the session set ``SESSION_WORK`` and
+    ``SESSION_ARCHIVE`` (bench/studies/step_session.py): every stage's save lands in the archive at once."""
+    work, archive = os.environ.get("SESSION_WORK"), os.environ.get("SESSION_ARCHIVE")
+    if work and archive:
+        bundle(work, archive)
+
+
 def run_stage(result: dict, name: str, fn, save, budget: Budget, need: float) -> None:
-    """``result[name] = fn()``, or the error it raised, or why it was skipped (less than ``need`` seconds left);
-    then ``save()``. A failing stage (out of memory included) leaves the next ones their chance."""
+    """``result[name] = fn()``, or the error it raised (beside what the stage put in ``result[name]`` itself as it
+    went), or why it was skipped (less than ``need`` seconds left); then ``save()`` and, in a GPU session, the
+    archive rewritten. A failing stage (out of memory included) leaves the next ones their chance."""
     if budget.left() < need:
         result[name] = dict(skipped=f"time budget: {budget.left():.0f} s left, the stage needs about {need:.0f} s")
     else:
@@ -36,12 +66,14 @@ def run_stage(result: dict, name: str, fn, save, budget: Budget, need: float) ->
         try:
             out = fn()
         except Exception as err:  # recorded in the JSON; the next stage runs
-            out = dict(error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()[-3000:])
+            partial = result.get(name) if isinstance(result.get(name), dict) else {}
+            out = dict(partial, error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()[-3000:])
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         result[name] = dict(out, stage_seconds=time.perf_counter() - start)
     log(name, _brief(result[name]))
     save()
+    bundle_from_env()
 
 
 def _brief(out):
