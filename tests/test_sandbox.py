@@ -207,8 +207,10 @@ def test_contained_run_has_its_own_processes_and_working_directory_and_no_home()
     on_the_way = {os.path.relpath(p, home).split(os.sep)[0] for path in (sys.executable, sys.prefix, sys.base_prefix)
                   for p in (os.path.abspath(path), os.path.realpath(path)) if p.startswith(home + os.sep)}
     assert seen["home"] == (sorted(on_the_way) if on_the_way else "FileNotFoundError"), seen
-    # /tmp holds only the way to the run's own directory: no other run's, no file the harness left there
-    assert seen["tmp"] == ([seen["at"].split(os.sep)[2]] if seen["at"].startswith("/tmp/") else []), seen
+    # /tmp holds only the way to the run's own directory (and to the interpreter, if it lives there): no other
+    # run's, no file the harness left there
+    ways = [seen["at"]] + [os.path.realpath(p) for p in (sys.executable, sys.prefix, sys.base_prefix)]
+    assert set(seen["tmp"]) == {p.split(os.sep)[2] for p in ways if p.startswith("/tmp/")}, seen
     for path in ("/tmp/tracelock-contained-probe", os.path.join(os.getcwd(), "tracelock-contained-probe"),
                  os.path.join(home, "tracelock-contained-probe")):
         r = run_python(f"open({path!r}, 'w').write('x')")
