@@ -4,7 +4,10 @@
 - ``tap_project``: the three taps of every canvas position folded into the controller's inputs (B x (P + G) rows);
 - ``commit_step``: TraceLock's commit rule on the window's slots;
 - ``credit_fuse``, ``step_kl``, ``topk_js``: the vocabulary-wide passes of the credit, KLASS and LESS rules over the
-  window's slots' logits (B x width rows of V), their state updated in place.
+  window's slots' logits (B x width rows of V), their state updated in place;
+- ``head_credit_fuse``, ``head_topk_js``, ``head_step_kl``: the same passes fused into the LM head, at LLaDA-8B's head
+  (V 126,464, D 4096, bf16; the target's own head on a CPU) for 32 and 1024 rows, beside the unfused pair (the head
+  GEMM writing bf16 logits, then the op's kernel) in the same group.
 
 The Triton rows run on a CUDA device only (under TRITON_INTERPRET=1 on a CPU they would time the interpreter).
 extra_info has the bytes and FLOPs each call must move; with timings on, the achieved GB/s and TFLOP/s, and on a
@@ -239,4 +242,138 @@ def test_topk_js(benchmark, target, machine, impl):
             dtype=str(logits.dtype))
     benchmark.pedantic(_synced(lambda: ops.topk_js(logits, prev_ids, prev_probs, has_prev, impl=impl), device),
                        rounds=20, warmup_rounds=2)
+    _throughput(benchmark, machine)
+
+
+# the fused head ops' rows: a window of 32 slots (B = 1) and a batch's 1024
+HEAD_ROWS = [32, 1024]
+HEAD_IMPLS = ["unfused", "torch", "triton"]
+
+
+@pytest.fixture(scope="module")
+def head(target):
+    """LLaDA-8B's LM head in bf16 with random weights on a CUDA device (logits a few units in scale); on a CPU the
+    target's own head (the rows then smoke-test their bodies)."""
+    device = target.model.device
+    if device.type != "cuda":
+        return target.model.lm_head.weight.detach()
+    g = torch.Generator(device=device).manual_seed(0)
+    V, D = 126464, 4096
+    return (torch.randn(V, D, generator=g, device=device) * 3 / D**0.5).to(torch.bfloat16)
+
+
+def _head_call(op: str, impl: str, hidden, weight, *state):
+    """``op`` on the head, fused (``impl`` "torch" or "triton") or unfused: the head GEMM, then the logits op (its
+    kernel on CUDA)."""
+    if impl != "unfused":
+        return getattr(ops, op)(hidden, weight, *state, impl=impl)
+    logits = hidden @ weight.T
+    return getattr(ops, op.removeprefix("head_"))(logits, *state, impl="triton" if hidden.is_cuda else "torch")
+
+
+def _clear_rows(hidden, weight, k: int, values=None):
+    """Rows whose top k + 1 values (default: the head's logits) are apart by more than the fp32 sum-order error of a
+    GEMM over D (about 1e-5 at D = 4096): there, discrete outputs must agree."""
+    x = hidden.float() @ weight.float().T if values is None else values
+    top = x.topk(min(k + 1, x.shape[1]), dim=1).values
+    clear = ((top[:, :-1] - top[:, 1:]) > 1e-4 * top[:, :1].abs().clamp_min(1)).all(1)
+    assert clear.any()
+    return clear
+
+
+def _head_setup(benchmark, target, machine, head, op: str, impl: str, R: int, state_bytes: float):
+    device = head.device
+    if impl == "triton":
+        _impl_or_skip(impl, device)
+    V, D = head.shape
+    g = torch.Generator(device=device).manual_seed(1)
+    hidden = torch.randn(R, D, generator=g, device=device, dtype=head.dtype)
+    benchmark.group = f"{op}-R{R}-V{V}-D{D}"
+    # the floor: the weight once, the rows, the state; the unfused pair also writes and reads bf16 logits
+    logits = 2 * R * V * head.element_size() if impl == "unfused" else 0
+    _record(benchmark, machine, V * D * head.element_size() + R * D * hidden.element_size() + state_bytes + logits,
+            2 * R * V * D, impl=impl, dtype=str(head.dtype))
+    return hidden
+
+
+@pytest.mark.parametrize("R", HEAD_ROWS)
+@pytest.mark.parametrize("impl", HEAD_IMPLS)
+def test_head_credit_fuse(benchmark, target, machine, head, impl, R):
+    V = head.shape[0]
+    hidden = _head_setup(benchmark, target, machine, head, "head_credit_fuse", impl, R, 2 * R * V * 4)
+    device = hidden.device
+    credit = torch.rand(R, V, device=device)
+    rows = torch.arange(R, device=device)
+    boost, fresh = rows % 2 == 0, rows % 4 == 3
+    knobs = (0.7, 1.0, 0.9)
+    # check before timing, from copies of the credit, where the raw and the fused top two are apart
+    from tracelock.kernels.ref import head_credit_fuse_ref
+
+    ref_credit, got_credit = credit.clone(), credit.clone()
+    ref = head_credit_fuse_ref(hidden, head, ref_credit, boost, fresh, *knobs)
+    got = _head_call("head_credit_fuse", impl, hidden, head, got_credit, boost, fresh, *knobs)
+    fused = hidden.float() @ head.float().T + knobs[0] * torch.log(ref_credit + 1)
+    clear = _clear_rows(hidden, head, 1) & _clear_rows(hidden, head, 1, fused)
+    assert torch.equal(ref[0][clear], got[0][clear])
+    torch.testing.assert_close(got[1][clear], ref[1][clear], rtol=1e-3, atol=1e-5)
+    torch.testing.assert_close(got_credit[clear], ref_credit[clear], rtol=1e-3, atol=1e-5)
+    benchmark.pedantic(_synced(lambda: _head_call("head_credit_fuse", impl, hidden, head, credit, boost, fresh,
+                                                  *knobs), device), rounds=20, warmup_rounds=2)
+    _throughput(benchmark, machine)
+
+
+@pytest.mark.parametrize("R", HEAD_ROWS)
+@pytest.mark.parametrize("impl", HEAD_IMPLS)
+def test_head_topk_js(benchmark, target, machine, head, impl, R):
+    K = 8
+    hidden = _head_setup(benchmark, target, machine, head, "head_topk_js", impl, R, 2 * R * K * 12)
+    device = hidden.device
+    from tracelock.kernels.ref import head_topk_js_ref, topk_js_ref
+
+    # the previous step's top-K: that of nearby logits
+    logits = hidden.float() @ head.float().T
+    none = torch.zeros(R, dtype=torch.bool, device=device)
+    prev_ids, prev_probs, _ = topk_js_ref(logits + 0.3 * torch.randn_like(logits),
+                                          torch.zeros(R, K, dtype=torch.int64, device=device),
+                                          torch.zeros(R, K, device=device), none)
+    del logits
+    state = (prev_ids, prev_probs, ~none)
+    ref = head_topk_js_ref(hidden, head, *state)
+    got = _head_call("head_topk_js", impl, hidden, head, *state)
+    clear = _clear_rows(hidden, head, K)
+    assert torch.equal(ref[0][clear], got[0][clear])
+    for r, o in zip(ref[1:], got[1:]):
+        torch.testing.assert_close(o[clear], r[clear], rtol=1e-3, atol=1e-5)
+    benchmark.pedantic(_synced(lambda: _head_call("head_topk_js", impl, hidden, head, *state), device), rounds=20,
+                       warmup_rounds=2)
+    _throughput(benchmark, machine)
+
+
+@pytest.mark.parametrize("R", HEAD_ROWS)
+@pytest.mark.parametrize("impl", HEAD_IMPLS)
+def test_head_step_kl(benchmark, target, machine, head, impl, R):
+    V = head.shape[0]
+    hidden = _head_setup(benchmark, target, machine, head, "head_step_kl", impl, R, 2 * R * V * 4)
+    device = hidden.device
+    from tracelock.kernels.ref import head_step_kl_ref
+
+    # the previous step's logits (none for every fourth row); the unfused pair keeps their distribution
+    prev_logits = hidden.float() @ head.float().T + torch.randn(R, V, device=device)
+    prev_lse = torch.logsumexp(prev_logits, -1)
+    prev_lse[::4] = float("inf")
+    if impl == "unfused":
+        state = (torch.where(prev_lse[:, None] == float("inf"), 0.0, (prev_logits - prev_lse[:, None]).exp()),)
+    else:
+        state = (prev_logits, prev_lse)
+    ref_state, got_state = (prev_logits.clone(), prev_lse.clone()), tuple(t.clone() for t in state)
+    ref = head_step_kl_ref(hidden, head, *ref_state)
+    got = _head_call("head_step_kl", impl, hidden, head, *got_state)
+    clear = _clear_rows(hidden, head, 1)
+    assert torch.equal(ref[0][clear], got[0][clear])
+    for r, o in zip(ref[1:], got[1:]):
+        torch.testing.assert_close(o.float(), r, rtol=1e-3, atol=1e-4)
+    if impl != "unfused":
+        torch.testing.assert_close(got_state[1], ref_state[1], rtol=1e-4, atol=1e-4)
+    benchmark.pedantic(_synced(lambda: _head_call("head_step_kl", impl, hidden, head, *state), device), rounds=20,
+                       warmup_rounds=2)
     _throughput(benchmark, machine)
