@@ -6,7 +6,8 @@
 # top-1 v1 and p1, adds p1 ** gamma to credit[v1] (boosted rows) and folds v1's new fused value into the rest: only
 # that one column changes, so no second pass is needed, and no difference of sums is formed. The [R, V] logits never
 # leave registers. IO: reads V·D weights once + R·D hidden per split + R·V·4 credit (not for fresh rows), writes
-# R·V·4 credit + 40·R·S partials + 12·R bytes. Spec: head_credit_fuse_ref in kernels/ref.py; see kernels/README.md.
+# R·V·4 credit + 36·R·S bytes of partials + 12·R bytes. Spec: head_credit_fuse_ref in kernels/ref.py; see
+# kernels/README.md.
 
 import torch
 

@@ -5,8 +5,8 @@
 # the online max m, argmax, z = sum exp(x - m) and a = sum exp(x - m)·(x - m - log(p_prev + eps)) (rescaled as
 # window_logits_stats's entropy sum), so that kl = a / z - log z. The merge launch combines the splits and writes
 # the proposal, 1 / z, the KL and this step's logsumexp m + log z into the memory. IO: reads V·D weights once + R·D
-# hidden per split + R·V·4 previous logits (none for a row without a previous pass), writes R·V·4 logits + 32·R·S
-# partials + 16·R bytes. Spec: head_step_kl_ref in kernels/ref.py; see kernels/README.md.
+# hidden per split + R·V·4 previous logits (none for a row without a previous pass), writes R·V·4 logits + 20·R·S
+# bytes of partials + 20·R bytes (outputs and lse). Spec: head_step_kl_ref in kernels/ref.py; see kernels/README.md.
 
 import torch
 
