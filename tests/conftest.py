@@ -49,8 +49,10 @@ def _no_env_impl(monkeypatch):
 @pytest.fixture(autouse=True)
 def _not_quiet_after(monkeypatch):
     """An in-process ``main([..., "--quiet"])`` sets TRACELOCK_QUIET in os.environ; set here (to its "not quiet"
-    value), it is put back when the test ends, so later tests' subprocesses still draw their progress on stderr."""
+    value), it is put back when the test ends, so later tests' subprocesses still draw their progress on stderr; so is
+    the mark of a busy-machine notice already said (TRACELOCK_LOAD_NOTICED), so a later test's notice still prints."""
     monkeypatch.setenv("TRACELOCK_QUIET", "0")
+    monkeypatch.delenv("TRACELOCK_LOAD_NOTICED", raising=False)
 
 
 @pytest.fixture

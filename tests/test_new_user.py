@@ -124,21 +124,26 @@ def test_a_busy_machine_gets_fewer_threads_and_a_word(threads, default, load, wa
     assert (notice is None) if says is None else (says in notice)
 
 
-def test_the_busy_machine_notice_is_not_hidden_by_quiet(capsys, monkeypatch):
+@pytest.mark.parametrize(("quiet", "command", "said"), [(True, "demo", False), (False, "demo", True),
+                                                        (False, "env", False), (False, "report", False)])
+def test_the_busy_machine_notice_is_said_once_not_with_quiet_nor_for_commands_that_decode_nothing(
+        capsys, monkeypatch, quiet, command, said):
     from tracelock import cli_common
-    from tracelock.cli_common import apply_runtime_options
+    from tracelock.cli_common import NOTICE_ENV, apply_runtime_options
     from tracelock.progress import QUIET_ENV
 
     # what it sets for this process is put back afterwards: the quiet switch, the thread variables, torch's threads
     for name in (QUIET_ENV, "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.setenv(name, os.environ.get(name, "1" if name != QUIET_ENV else "0"))
+    monkeypatch.delenv(NOTICE_ENV, raising=False)
     monkeypatch.setattr(cli_common, "machine_load", lambda cores: 64.0)  # a machine busy now
     threads = torch.get_num_threads()
     try:
-        apply_runtime_options(type("Args", (), dict(quiet=True, threads=2, command="demo"))())
+        for _ in range(2):  # twice in one run (a process it starts): said once
+            apply_runtime_options(type("Args", (), dict(quiet=quiet, threads=2, command=command))())
     finally:
         torch.set_num_threads(threads)
-    assert "--threads 2 on a busy machine" in capsys.readouterr().err
+    assert capsys.readouterr().err.count("--threads 2 on a busy machine") == int(said)
 
 
 def test_a_machine_that_becomes_busy_midway_is_called_out_once(monkeypatch, capsys):
@@ -146,7 +151,10 @@ def test_a_machine_that_becomes_busy_midway_is_called_out_once(monkeypatch, caps
 
     monkeypatch.setattr(progress, "_load_noticed", False)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.delenv("TRACELOCK_LOAD_NOTICED", raising=False)
     monkeypatch.setenv(progress.QUIET_ENV, "1")
+    assert progress.notice_oversubscription(load=3.4, cores=2) is None  # --quiet: silent
+    monkeypatch.setenv(progress.QUIET_ENV, "0")
     assert progress.notice_oversubscription(load=2.3, cores=2) is None  # this command's own two threads
     assert "became busy (load average 3.4 on 2 cores)" in progress.notice_oversubscription(load=3.4, cores=2)
     assert progress.notice_oversubscription(load=9.0, cores=2) is None  # said once
@@ -188,9 +196,10 @@ def test_frontier_refuses_a_bad_point_before_any_point_decodes(tmp_path, capsys)
 def test_frontier_says_sweep_is_required(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["frontier", "--model", "testbed", "--tasks", "testbed:math", "--out", "x"])
-    assert exit_.value.code == 2 and "the following arguments are required: --sweep" in capsys.readouterr().err
+    assert exit_.value.code == 2 and "the following arguments are required: --sweep (or --policies SPEC,SPEC)" in \
+        capsys.readouterr().err
     usage = " ".join(run_cli("frontier", "--help")[1].split("\n\n")[0].split())
-    assert "--sweep NAME[" in usage and "[--sweep" not in usage
+    assert "[--sweep NAME[" in usage and "[--policies SPEC,SPEC]" in usage
 
 
 def test_a_misspelt_model_name_lists_the_bundled_ones(capsys):
@@ -202,7 +211,7 @@ def test_a_misspelt_model_name_lists_the_bundled_ones(capsys):
 
 
 def test_a_block_that_does_not_tile_suggests_the_nearest_fixes(capsys):
-    code, err = main_in_process(["generate", "--model", "testbed", "--prompt", "hi", "--policy", "threshold",
+    code, err = cli_error(["generate", "--model", "testbed", "--prompt", "hi", "--policy", "threshold",
                                  "--gen-length", "60", "--block", "16"], capsys)
     assert code == 2
     assert "--block 12 or 15 or 20 (divisors of 60), --gen-length 64 (a multiple of 16), or --window 16" in err
@@ -250,11 +259,12 @@ def _commands():
 
 
 @pytest.mark.parametrize("argv, says", [
-    (GEN + ["--gen-length", "64", "--settings", "64/16"],
-     "spells the setting 64/16 --gen-length 64 --block 16 (or --window 16)"),
+    (GEN + ["--gen-length", "64", "--settings", "64/16"], "--settings 64/16 and --gen-length / --block: give the "
+                                                          "setting once"),
     (GEN + ["--gen-length", "64", "--schedule", "window"], "spells the schedule --block W or --window W"),
-    (["demo", "--settings", "64/16,128/32"], "runs one setting: --gen-length N with --block W or --window W"),
-    (["serve", "--model", "testbed", "--settings", "64/16"], "the generation length per request (max_tokens"),
+    (["demo", "--settings", "64/16,128/32"], "this command runs one setting (--settings GEN/WIDTH, or --gen-length N "
+                                             "--block W)"),
+    (["serve", "--model", "testbed", "--settings", "64/16,128/32"], "one server runs one block width (--block W)"),
     (GEN + ["--gen-length", "8", "--policies", "threshold,confidence"], "decodes with one policy: --policy SPEC"),
 ])
 def test_another_commands_option_is_named_in_this_ones_spelling(argv, says, capsys):

@@ -90,7 +90,9 @@ def apply_thread_rule() -> str | None:
     n, notice = threads_for_load(chosen, current, cores, machine_load(cores), how="torch.set_num_threads({n})")
     if n != current:
         torch.set_num_threads(n)
-    if notice:
+    from tracelock.progress import quiet
+
+    if notice and not quiet():  # TRACELOCK_QUIET=1 silences it, as --quiet does
         print(f"tracelock: {notice}", file=sys.stderr, flush=True)
     return notice
 

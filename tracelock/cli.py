@@ -30,6 +30,7 @@ from tracelock.cli_common import (
     apply_runtime_options,
     bounded_int,
     existing_file,
+    nonneg_float,
     option_help,
     output_file,
     positive_int,
@@ -98,13 +99,18 @@ def _add_demo(sub):
                    help=option_help("--tasks", "this command runs only the testbed's two (math,code also "
                                                "accepted)"))
     add_limit(p, default=16, help="held-out items per task", old=("--n",))
-    add_schedule(p, gen_length=64, block_default="16 when no --window is given", window_default="blocks, no window")
+    add_schedule(p, gen_length=64, block_default="16 when no --window is given", window_default="blocks, no window",
+                 block_fallback=16)
     add_batch_size(p, default=16)
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the held-out sample")
-    p.add_argument("--policies", help=option_help("--policies", "the rows: a spec of a default row keeps that row, "
-                                                                "any other (credit:tau=0.9, klass, "
-                                                                "pc:background=testbed) is a row of its own after "
-                                                                "them") +
+    rows = p.add_mutually_exclusive_group()
+    rows.add_argument("--policy", dest="policies", metavar="SPEC",
+                      help=option_help("--policy", "the same as --policies SPEC: one row of its own after the demo's "
+                                                   "(default: the demo's rows)"))
+    rows.add_argument("--policies", help=option_help("--policies", "the rows: a spec of a default row keeps that row, "
+                                                                   "any other (credit:tau=0.9, klass, "
+                                                                   "pc:background=testbed) is a row of its own after "
+                                                                   "them") +
                    " (default: the demo's rows: the family's reference rule at 1 and 4 tokens per step, threshold "
                    "0.9 and 0.5, random, and on a Dream model Dream's entropy rule and Fast-dLLM's Dream variant; the "
                    "reference at 1/step always runs, as the oracle replays it)")
@@ -252,8 +258,12 @@ def _add_generate(sub):
     add_policy(p, required=True)
     add_schedule(p, gen_required=True, block_default="neither block nor window, one region",
                  window_default="no window")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0 samples (Gumbel-max)")
-    p.add_argument("--cfg-scale", type=float, default=0.0, help="LLaDA's classifier-free guidance (0: off)")
+    p.add_argument("--temperature", type=nonneg_float, default=0.0, help="0: greedy; > 0 samples (Gumbel-max)")
+    p.add_argument("--top-p", type=float, default=None, metavar="P",
+                   help="nucleus sampling in (0, 1], as Dream's sampler (default: every token)")
+    p.add_argument("--top-k", type=positive_int, default=None, metavar="K",
+                   help="keep the K most likely tokens, as Dream's sampler (default: every token)")
+    p.add_argument("--cfg-scale", type=nonneg_float, default=0.0, help="LLaDA's classifier-free guidance (0: off)")
     p.add_argument("--stop-at-eot", action="store_true", help="a committed end token finishes the row")
     p.add_argument("--idle-steps", action="store_true", help="reproduce the reference release's block artifact")
     p.add_argument("--cache", choices=["prefix", "dual"], help="approximate KV cache (default: none)")

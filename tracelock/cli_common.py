@@ -76,6 +76,7 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)  # `serve --gen-length` is not `--gen-lengths`: no prefix matching
         super().__init__(*args, **kwargs)
         self.checks = []  # functions of the parsed namespace; a ValueError they raise is a usage error
 
@@ -90,6 +91,10 @@ class Parser(argparse.ArgumentParser):
                     hint = foreign_option_hint(self.prog.removeprefix("tracelock ").strip(), option, value, self)
                     if hint:
                         message += f"; {option} is not an option here: {hint}"
+                        break
+                    close = did_you_mean(option, have)
+                    if close:
+                        message += f"; {option} is not an option here{close}"
                         break
         self.exit(2, f"{self.prog}: error: {safe_echo(message)}\n")
 
@@ -151,6 +156,8 @@ def _setting_text(value: str) -> tuple[str, str] | None:
 def foreign_option_hint(command: str, option: str, value: str, parser) -> str | None:
     """What to write instead of ``option`` (an option of other commands) in ``command``, or None."""
     have = _options_of(parser)
+    if option == "--schedule" and "--gen-length" in have and "--schedule" not in have:
+        return f"tracelock {command} spells the schedule --block W or --window W (neither: one region)"
     if option in ("--settings", "--schedule") and "--gen-length" in have and "--settings" not in have:
         pair = _setting_text(value) if option == "--settings" else None
         if option == "--settings" and "," in (value or ""):
@@ -161,12 +168,6 @@ def foreign_option_hint(command: str, option: str, value: str, parser) -> str | 
             return (f"tracelock {command} spells the setting {gen}/{width} --gen-length {gen} --block {width} "
                     f"(or --window {width})")
         return f"tracelock {command} spells the schedule --block W or --window W (neither: one region)"
-    if option in ("--settings", "--schedule") and "--block" in have and "--gen-length" not in have:
-        return (f"tracelock {command} takes the schedule as --block W or --window W, and the generation length per "
-                "request (max_tokens, at most --max-tokens; --gen-lengths 64,256 fixes the lengths engines run)")
-    if option == "--gen-length" and "--max-tokens" in have:
-        return (f"tracelock {command} takes the generation length per request (max_tokens, at most --max-tokens N); "
-                "--gen-lengths 64,256 fixes the lengths engines run")
     if option == "--policies" and "--policy" in have:
         return (f"tracelock {command} decodes with one policy: --policy SPEC (eval, testbed-eval and serve take "
                 "--policies SPEC,SPEC)")
@@ -240,6 +241,20 @@ def bounded_int(limit: int, why: str = "", minimum: int = 1):
 
     parse.__name__ = "int"  # argparse names the type in its messages; the fuzz tests read it as an int option
     return parse
+
+
+def nonneg_float(text: str) -> float:
+    """argparse type of a finite number >= 0 (``--temperature``, ``--cfg-scale``: 0 turns them off)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number >= 0 (0: off)")
+    return value
+
+
+nonneg_float.__name__ = "float"
 
 
 def gen_length_int(text: str) -> int:
@@ -328,8 +343,9 @@ OPTIONS = {
     "--gen-length": "tokens generated per prompt (LLaDA's gen_length)",
     "--block": "semi-AR block length, divides --gen-length (LLaDA's block_length)",
     "--window": "soft-crop window width (TraceLock's schedule)",
-    "--settings": "the settings compared, GEN/WIDTH comma-separated (e.g. 64/16,128/32); one setting may be given "
-                  "as --gen-length GEN with --block WIDTH or --window WIDTH instead",
+    "--settings": "GEN/WIDTH, the generation length and the block (or window) width, e.g. 64/16; comma-separated in "
+                  "the commands that compare settings (eval, frontier, testbed-eval: 64/16,128/32); one setting may be "
+                  "given as --gen-length GEN with --block WIDTH or --window WIDTH instead",
     "--policy": "one policy spec name[:key=value...], e.g. threshold:tau=0.9 or confidence:per_step=2",
     "--policy-arg": "one more policy argument, repeatable; the same as :K=V in --policy",
     "--policies": "policy specs name[:key=value...], comma-separated (key=v1,v2 gives one policy per value: "
@@ -339,7 +355,7 @@ OPTIONS = {
     "--threads": "torch CPU threads (default: $OMP_NUM_THREADS if set, else the physical cores, {cores} here; on a "
                  "machine busy at the start, the cores its load leaves free, said on stderr, as threads that wait for "
                  "a core make decoding many times slower)",
-    "--quiet": "no progress bars or status lines on stderr (results, errors and the busy-machine notice still print)",
+    "--quiet": "no progress bars, status lines or busy-machine notice on stderr (results and errors still print)",
     "--allow-uncontained-code": "run the generated code even where the sandbox cannot contain it (the kernel refuses "
                                 "it the namespaces): it can then read and write what its user may. The same as "
                                 "TRACELOCK_ALLOW_UNCONTAINED_CODE=1; the run's records say so (default: refused, "
@@ -365,12 +381,19 @@ def add_device(parser, *, default="cpu", torchrun: bool = False, extra: str = ""
 
 
 def add_schedule(parser, *, gen_length=None, gen_required: bool = False, block_default: str, window_default: str,
-                 window_only: bool = False) -> None:
-    """One setting: ``--gen-length N`` (``gen_length`` its default) and ``--block W`` or ``--window W``; the
-    ``*_default`` texts say what leaving each out does."""
+                 window_only: bool = False, block_fallback: int | None = None) -> None:
+    """One setting: ``--gen-length N`` (``gen_length`` its default) and ``--block W`` or ``--window W``, or the same
+    as ``--settings N/W`` (a block; `--window W` with it: a window); the ``*_default`` texts say what leaving each out
+    does (``block_fallback``: the block the command takes then). A parser check makes them one setting and checks it
+    (a block divides the length) in these words."""
     if gen_length is not None or gen_required:
-        parser.add_argument("--gen-length", type=gen_length_int, default=gen_length, required=gen_required,
-                            metavar="N", help=option_help("--gen-length"))
+        parser.add_argument("--gen-length", type=gen_length_int, default=None, metavar="N",
+                            help=option_help("--gen-length") + (" (no default: required, or --settings N/W)"
+                                                                 if gen_required else f" (default: {gen_length})"))
+        parser.add_argument("--settings", metavar="GEN/WIDTH",
+                            help=option_help("--settings", "here one: the same as --gen-length GEN --block WIDTH "
+                                                           "(with --window: a window of WIDTH)") +
+                            " (default: --gen-length and --block)")
     if window_only:
         parser.add_argument("--window", type=gen_length_int, default=int(window_default), metavar="W",
                             help=option_help("--window"))
@@ -380,6 +403,50 @@ def add_schedule(parser, *, gen_length=None, gen_required: bool = False, block_d
                        help=f"{option_help('--block')} (default: {block_default})")
     group.add_argument("--window", type=gen_length_int, metavar="W",
                        help=f"{option_help('--window')} (default: {window_default})")
+    if gen_length is None and not gen_required:
+        return
+
+    def one_setting(args) -> None:
+        if args.settings is not None:
+            pairs = check_settings(args.settings)
+            if len(pairs) > 1:
+                raise ValueError(f"--settings {args.settings}: this command runs one setting (--settings GEN/WIDTH, "
+                                 "or --gen-length N --block W); several are for eval, frontier and testbed-eval")
+            (gen, width), = pairs
+            if args.gen_length is not None or args.block is not None:
+                raise ValueError(f"--settings {args.settings} and --gen-length / --block: give the setting once")
+            args.gen_length = gen
+            if args.window is None:
+                args.block = width
+            elif args.window != width:
+                raise ValueError(f"--settings {args.settings} and --window {args.window}: the widths differ")
+        if args.gen_length is None:
+            if gen_required:
+                raise ValueError("the following arguments are required: --gen-length (or --settings GEN/WIDTH)")
+            args.gen_length = gen_length
+        block = args.block if args.block or args.window else block_fallback
+        try:
+            check_schedule_options(args.gen_length, block, args.window)
+        except ValueError as err:
+            raise ValueError(f"--settings {args.settings}: {err}" if args.settings is not None else str(err)) from None
+
+    parser.checks.append(one_setting)
+
+
+def check_schedule_options(gen_length: int, block, window) -> None:
+    """`tracelock.decode.schedule.validate_schedule`'s rules in the command line's words, before anything loads."""
+    for option, width in (("--block", block), ("--window", window)):
+        if width is not None and width > gen_length:
+            raise ValueError(f"{option} {width} is longer than --gen-length {gen_length}; pass at most {gen_length} "
+                             f"({option} {gen_length}: the whole generation as one region)")
+    if block and gen_length % block:
+        # the fixes nearest to what was asked: a block near it, a generation length that it tiles, or a window
+        divisors = sorted((d for d in range(2, gen_length + 1) if gen_length % d == 0),
+                          key=lambda d: (abs(d - block), d))[:3] or [gen_length]
+        raise ValueError(f"--block {block} does not divide --gen-length {gen_length}: semi-AR blocks must tile the "
+                         f"generation; use --block {' or '.join(map(str, sorted(divisors)))} (divisors of "
+                         f"{gen_length}), --gen-length {-(-gen_length // block) * block} (a multiple of {block}), or "
+                         f"--window {block} for a sliding window")
 
 
 def add_settings(parser, *, default: str, schedules=("auto", "block", "window"), schedule_help: str) -> None:
@@ -726,20 +793,29 @@ def machine_load(cores: int, sample_seconds: float = 0.1) -> float:
     return load if now is None else min(load, now)
 
 
+# commands that decode (or train) nothing: no load sample, no busy-machine notice
+NO_COMPUTE = ("env", "report", "tiny-checkpoint", "testbed-ship", "testbed-ship-controller")
+NOTICE_ENV = "TRACELOCK_LOAD_NOTICED"  # set once the busy-machine notice is said: the run's other processes keep quiet
+
+
 def apply_runtime_options(args) -> None:
     """Set the thread count and the quiet switch for this process and the processes it starts. torch reads
     ``OMP_NUM_THREADS`` when it loads, which the CLI does only inside a command, after this. The busy-machine notice
-    prints even with --quiet: it says why the command may run slowly, or with fewer threads than the default."""
-    if getattr(args, "quiet", False):
+    prints once per run (not again in the processes it starts), not with --quiet, and not for a command that decodes
+    nothing (`NO_COMPUTE`)."""
+    quiet = getattr(args, "quiet", False)
+    if quiet:
         os.environ[QUIET_ENV] = "1"
     if getattr(args, "allow_uncontained_code", False):  # read by tracelock.sandbox, here and in torchrun's ranks
         os.environ["TRACELOCK_ALLOW_UNCONTAINED_CODE"] = "1"
     threads = getattr(args, "threads", None) or None  # testbed-train's --threads 0 is its default
     if threads is not None or "OMP_NUM_THREADS" not in os.environ:
         cores = physical_cores()
-        n, notice = threads_for_load(threads, default_threads(), cores, machine_load(cores))
-        if notice:
+        computes = getattr(args, "command", None) not in NO_COMPUTE
+        n, notice = threads_for_load(threads, default_threads(), cores, machine_load(cores) if computes else 0.0)
+        if notice and not quiet and not os.environ.get(NOTICE_ENV):
             print(f"{getattr(args, 'command', 'tracelock')}: {notice}", file=sys.stderr, flush=True)
+            os.environ[NOTICE_ENV] = "1"
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(n)
         if "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(n)

@@ -4,7 +4,7 @@ a one-line error naming the extra to install, before any model loads or any poin
 import importlib
 
 # extra: the modules it brings that the commands below import
-EXTRAS = {"report": ("matplotlib",), "quant": ("torchao",)}
+EXTRAS = {"report": ("matplotlib",), "quant": ("torchao",), "lm-eval": ("lm_eval",)}
 
 
 class MissingExtraError(RuntimeError):

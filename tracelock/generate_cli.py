@@ -28,6 +28,8 @@ def check_arguments(args) -> tuple[str, dict]:
     """(policy, its arguments) of the command line, every option checked before the model loads (seconds on a
     CPU): the schedule, the policy and its values, the op implementation, the model folder and the prompts file."""
     policy, policy_args = policy_and_args(args.policy, args.policy_arg)
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p {args.top_p:g} must lie in (0, 1] (1: every token)")
     try:
         validate_schedule(args.gen_length, args.block, args.window)
     except ValueError as err:  # its message speaks fused_generate's keywords
@@ -44,6 +46,9 @@ def check_arguments(args) -> tuple[str, dict]:
         if args.temperature > 0:
             raise ValueError(f"--policy {policy} decodes greedily, as its authors' code is checked here: drop "
                              f"--temperature {args.temperature:g} (or pass --temperature 0)")
+        if args.top_p not in (None, 1) or args.top_k is not None:
+            raise ValueError(f"--policy {policy} reads each slot's whole distribution, as its authors' code does: "
+                             "drop --top-p / --top-k")
     ops.check_impl(args.impl, args.device)
     resolve_path(args.model)  # a missing folder or unknown name fails here
     return policy, policy_args
@@ -57,13 +62,15 @@ def run_generate(args) -> int:
     tokenizer = load_tokenizer(args.model)
     settings = dict(model=str(args.model), policy=policy, policy_args=policy_args, gen_length=args.gen_length,
                     block=args.block, window=args.window, temperature=args.temperature, cfg_scale=args.cfg_scale,
+                    top_p=args.top_p, top_k=args.top_k,
                     stop_at_eot=args.stop_at_eot, idle_steps=args.idle_steps, seed=args.seed, dtype=args.model_dtype,
                     quantize=args.quantize, cache=args.cache, refresh_every=args.refresh_every,
                     refresh_shift=args.refresh_shift)
     # built once (a learned policy reads its controller or filters from disk here), not per batch
     built = make_policy(policy, **policy_args_for(model, policy, policy_args, args.gen_length))
     decode = DecodeSettings(policy=built, gen_length=args.gen_length, block=args.block, window=args.window,
-                            temperature=args.temperature, cfg_scale=args.cfg_scale, stop_at_eot=args.stop_at_eot,
+                            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            cfg_scale=args.cfg_scale, stop_at_eot=args.stop_at_eot,
                             idle_steps=args.idle_steps, seed=args.seed, cache=args.cache,
                             refresh_every=args.refresh_every, refresh_shift=args.refresh_shift)
     out = open(args.out, "w") if args.out else sys.stdout

@@ -19,12 +19,14 @@ _load_noticed = False
 
 def notice_oversubscription(load: float | None = None, cores: int | None = None) -> str | None:
     """Once per process, when a stage starts: a machine that became busy after the command chose its threads (the CLI
-    checks the load at its start) is called out on stderr, even when quiet. Oversubscribed means a 1-minute load
-    average above the cores while this process runs more than one thread (its own threads count in the load).
+    checks the load at its start) is called out on stderr, unless quiet or the run has said so already.
+    Oversubscribed means a 1-minute load average above the cores while this process runs more than one thread (its
+    own threads count in the load).
     Returns the notice printed, if any."""
     global _load_noticed
     threads = os.environ.get("OMP_NUM_THREADS", "")
-    if _load_noticed or not threads.isdigit() or int(threads) < 2:
+    said = os.environ.get("TRACELOCK_LOAD_NOTICED")  # the CLI's notice at the start (`cli_common.NOTICE_ENV`)
+    if _load_noticed or not threads.isdigit() or int(threads) < 2 or said or quiet():
         return None
     if load is None:
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0

@@ -460,7 +460,10 @@ def add_parsers(sub) -> None:
     add_limit(p, help="N items of each task drawn at random with --seed (default: all; testbed tasks need it)")
     add_settings(p, default="64/16", schedule_help="auto: tracelock in a sliding window of WIDTH, the others in "
                                                    "blocks of WIDTH; block or window: every policy so")
-    p.add_argument("--sweep", action="append", required=True, metavar="NAME[:KNOB=V1,V2,...][:KEY=VALUE...]",
+    p.add_argument("--policies", metavar="SPEC,SPEC",
+                   help=option_help("--policies", "each policy with its listed knob values a sweep, the same as one "
+                                                  "--sweep per policy (default: the --sweep options)"))
+    p.add_argument("--sweep", action="append", metavar="NAME[:KNOB=V1,V2,...][:KEY=VALUE...]",
                    help="a policy and the values of its knob, repeatable, e.g. --sweep threshold:tau=0.7,0.9 "
                         "--sweep confidence:per_step=1,2,4 (the list grammar of --policies: each value a point); "
                         "curve=TITLE names the curve (two sweeps of one policy, e.g. two controllers); a bare name "
@@ -479,4 +482,17 @@ def add_parsers(sub) -> None:
     add_quantize(p)
     add_device(p)
     p.add_argument("--out", required=True, help="folder: one eval run per task and setting, frontier.json/csv/png")
+    p.checks.append(_sweeps_of_policies)
     p.set_defaults(func=_run)
+
+
+def _sweeps_of_policies(args) -> None:
+    """``--policies a:knob=v1,v2,b`` as ``--sweep a:knob=v1,v2 --sweep b``; one of the two spellings is required."""
+    from tracelock.cli_common import policy_groups
+
+    if args.policies is not None:
+        for name, _, pairs, listed, values in policy_groups(args.policies, option="--policies"):
+            text = name + "".join(f":{k}={','.join(values) if i == listed else v}" for i, (k, v) in enumerate(pairs))
+            args.sweep = [*(args.sweep or []), text]
+    if not args.sweep:
+        raise ValueError("the following arguments are required: --sweep (or --policies SPEC,SPEC)")

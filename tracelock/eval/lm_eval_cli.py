@@ -31,10 +31,12 @@ def register_entry_point_models() -> list:
 
 
 def run_lm_eval(args) -> int:
-    try:
-        from lm_eval.__main__ import cli_evaluate
-    except ImportError:
-        raise ValueError("lm-eval is not installed; install it with `pip install tracelock[lm-eval]`") from None
+    from tracelock.extras import require_extra
+
+    # `tracelock lm-eval --help` too: without the extra it says how to install it, in a clone as well
+    require_extra("lm-eval", "lm-eval", "runs lm-evaluation-harness's command line")
+    from lm_eval.__main__ import cli_evaluate
+
     register_entry_point_models()
     sys.argv = ["lm_eval", *args.args]
     cli_evaluate()

@@ -186,6 +186,7 @@ def check_policies(policies: list, settings: list, schedule: str, *, controller=
     """Build and set up every policy at every setting without the model: a bad name, argument or value (``tau=2``,
     ``steps`` that do not split into the blocks) fails before a model loads or a point decodes, with the token that
     holds it named."""
+    from tracelock.api import check_named_policy
     from tracelock.policies import POLICIES, make_policy
 
     for setting in settings:
@@ -203,7 +204,12 @@ def check_policies(policies: list, settings: list, schedule: str, *, controller=
                                      "window moves: decode it in blocks (schedule=block in its spec, or --schedule "
                                      "block / auto), not in a window")
                 kwargs = _policy_kwargs(policy, None, controller, l2p, setting.gen_length)
-                make_policy(policy.name, **kwargs).setup(gen_length=setting.gen_length, num_regions=regions)
+                try:
+                    built = make_policy(policy.name, **kwargs)
+                except TypeError:
+                    check_named_policy(policy.name, kwargs)  # an unknown argument: which was meant
+                    raise
+                built.setup(gen_length=setting.gen_length, num_regions=regions)
             except (ValueError, TypeError) as err:
                 raise type(err)(f"{policy.label} at {setting.label}: {err}") from None
 

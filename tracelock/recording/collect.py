@@ -296,7 +296,8 @@ def add_parsers(sub) -> None:
                    help="items per testbed task (required there); the first N lines of a JSONL (default: all)")
     add_alias(p, "--num", "--limit", dest="limit", type=positive_int, metavar="N")
     p.add_argument("--out", required=True, help="store folder (re-running with the same arguments resumes)")
-    add_schedule(p, gen_length=64, block_default="8 when no --window is given", window_default="blocks, no window")
+    add_schedule(p, gen_length=64, block_default="8 when no --window is given", window_default="blocks, no window",
+                 block_fallback=8)
     add_policy(p, default="confidence", extra="default: confidence, one token per step")
     p.add_argument("--fraction", type=float, default=1.0, help="share of each row's steps to record, in (0, 1]")
     p.add_argument("--confidence", action="store_true", help="also store the proposals' confidences (fp16)")

@@ -263,6 +263,13 @@ def add_parsers(sub) -> None:
                    help="comma-separated generation lengths engines run, e.g. 64,256: a request's max_tokens maps to "
                         "the shortest that holds it (default: max_tokens rounded up to a multiple of the block / "
                         "window). Fewer lengths, fuller batches")
+    p.add_argument("--gen-length", type=gen_length_int, metavar="N",
+                   help=option_help("--gen-length", "here the one generation length engines run, the same as "
+                                                    "--gen-lengths N (default: --gen-lengths)"))
+    p.add_argument("--settings", metavar="GEN/WIDTH,...",
+                   help=option_help("--settings", "here the generation lengths engines run and the block, one WIDTH: "
+                                                  "the same as --gen-lengths GEN,... --block WIDTH") +
+                   " (default: --gen-lengths and --block)")
     p.add_argument("--max-engines", type=int, default=8,
                    help="decode engines kept (one per policy, generation length, temperature and prompt bucket in "
                         "use); idle ones are dropped beyond it (default 8)")
@@ -284,4 +291,28 @@ def add_parsers(sub) -> None:
                    help="port to listen on; 0 picks a free one (default 8000)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default warning)")
+    p.checks.append(_one_grammar)
     p.set_defaults(func=run_serve)
+
+
+def _one_grammar(args) -> None:
+    """Every decoding command's spellings of the setting: ``--gen-length N`` is ``--gen-lengths N``, ``--settings
+    64/16,128/16`` is ``--gen-lengths 64,128 --block 16``."""
+    from tracelock.cli_common import check_settings
+
+    given = [o for o, v in (("--gen-length", args.gen_length), ("--settings", args.settings),
+                            ("--gen-lengths", args.gen_lengths)) if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"{' and '.join(given)}: give the generation lengths once")
+    if args.gen_length is not None:
+        args.gen_lengths = str(args.gen_length)
+    if args.settings is not None:
+        pairs = check_settings(args.settings)
+        widths = sorted({w for _, w in pairs})
+        if len(widths) > 1:
+            raise ValueError(f"--settings {args.settings}: one server runs one block width (--block W), here "
+                             f"{', '.join(map(str, widths))}; serve one width, or give a policy its own with "
+                             "block=N in --policies")
+        if args.block not in (None, widths[0]) or args.window is not None:
+            raise ValueError(f"--settings {args.settings} sets --block {widths[0]}; drop --block / --window")
+        args.gen_lengths, args.block = ",".join(str(g) for g, _ in pairs), widths[0]
