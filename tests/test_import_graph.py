@@ -34,7 +34,8 @@ LAYERS = [
     ["tracelock.controller", "tracelock.l2p"],
     ["tracelock.policies"],
     ["tracelock.decode"],
-    ["tracelock.generate", "tracelock.reference", "tracelock.throughput", "tracelock.api", "tracelock.llm"],
+    ["tracelock.generate", "tracelock.reference", "tracelock.throughput", "tracelock.api", "tracelock.llm",
+     "tracelock.llada"],
     # producers: decode with a policy and record traces or features
     ["tracelock.recording", "tracelock.features_cli"],
     ["tracelock.train"],

@@ -1,6 +1,9 @@
 """`tracelock.LLM` and `SamplingParams` (vLLM's offline shape): text in, text out, on both bundled models; the same
 tokens as the `fused_generate` call they stand for, batched or not."""
 
+import re
+from pathlib import Path
+
 import pytest
 
 import tracelock
@@ -77,11 +80,13 @@ def test_bad_sampling_params_say_the_fix(kwargs, match):
         tracelock.SamplingParams(**kwargs)
 
 
-def test_decode_keywords_from_other_projects_are_named():
+def test_decode_keywords_from_other_projects_are_named(llm):
     with pytest.raises(TypeError, match=r"steps= is a policy argument here"):
-        tracelock.fused_generate(None, [[1]], policy="confidence", gen_length=16, steps=64)
+        tracelock.fused_generate(llm.model, [[1]], policy="confidence", gen_length=16, steps=64)
     with pytest.raises(TypeError, match="block_length= is block= here"):
-        tracelock.generate_many(None, [[1]], batch_size=1, policy="confidence", gen_length=16, block_length=16)
+        tracelock.generate_many(llm.model, [[1]], batch_size=1, policy="confidence", gen_length=16, block_length=16)
+    with pytest.raises(TypeError, match="remasking= is the policy here"):
+        tracelock.reference_generate(llm.model, [[1]], policy="confidence", gen_length=16, remasking="random")
 
 
 def test_llm_checks_its_own_arguments():
@@ -89,3 +94,11 @@ def test_llm_checks_its_own_arguments():
         tracelock.LLM(model="testbed", dtype="bf16")
     with pytest.raises(ValueError, match="max_num_seqs=0"):
         tracelock.LLM(model="testbed", max_num_seqs=0)
+
+
+def test_the_coming_from_page_runs_its_vllm_example(capsys):
+    page = (Path(__file__).resolve().parent.parent / "docs" / "coming-from.md").read_text()
+    block = re.findall(r"```python\n(.*?)```", page[page.index("## vLLM"):], re.S)[0]
+    exec(block, {"chat": CHAT})
+    (printed,) = capsys.readouterr().out.splitlines()
+    assert printed.count("'length'") + printed.count("'stop'") == 2

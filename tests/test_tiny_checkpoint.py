@@ -103,7 +103,9 @@ def tokenizers(micro):
 def test_checkpoint_files_config_and_tensors(tmp_path, family, profile):
     folder = write_tiny_checkpoint(tmp_path, family=family, profile=profile)
     expected_files = {"config.json", "generation_config.json", "model.safetensors"} | TOKENIZER_FILES
-    assert {p.name for p in folder.iterdir()} == expected_files
+    # and the modelling files the auto_map names (transformers opens the folder: tests/test_from_transformers.py)
+    modelling = {f"{kind}_{family}.py" for kind in ("configuration", "modeling")}
+    assert {p.name for p in folder.iterdir()} == expected_files | modelling
 
     cfg = _read_json(folder, "config.json")
     d, h, kv, n, f = PROFILES[profile][family]

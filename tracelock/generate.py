@@ -18,6 +18,7 @@ from tracelock.api import entry_settings
 from tracelock.decode.compiled import compile_requested, eager_reason, generate_compiled, warn_eager
 from tracelock.decode.loop import run_decode
 from tracelock.decode.settings import DecodeSettings
+from tracelock.models.from_transformers import as_backbone
 
 
 def _device_of(model):
@@ -61,6 +62,7 @@ def fused_generate(model, input_ids, settings: DecodeSettings | None = None, *, 
         tokens, stats = tracelock.fused_generate(model, ids, policy="threshold", gen_length=64, block=16)
         print(stats.steps)
     """
+    model = as_backbone(model)  # a LLaDA / Dream module loaded with transformers too
     settings = entry_settings(model, input_ids, settings, fields, "fused_generate")
     mode = compile_requested(compile)
     if mode:

@@ -46,6 +46,12 @@ def _as_batch(input_ids, attention_mask, pad_id: int):
     if attention_mask is None:
         mask = torch.ones_like(input_ids, dtype=torch.bool)
     else:
+        if not isinstance(attention_mask, torch.Tensor):  # a list of lists, a numpy array: 1 prompt, 0 padding
+            try:
+                attention_mask = torch.as_tensor(attention_mask)
+            except (TypeError, ValueError, RuntimeError):
+                raise TypeError(f"attention_mask must be a [B, P] tensor (or list of lists) of 1 for prompt tokens "
+                                f"and 0 for left padding, got {type(attention_mask).__name__}") from None
         if attention_mask.shape != input_ids.shape:
             raise ValueError(f"attention_mask {list(attention_mask.shape)} must match input_ids "
                              f"{list(input_ids.shape)}")

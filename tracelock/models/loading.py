@@ -71,6 +71,17 @@ def resolve_controller(path) -> Path:
     return folder
 
 
+def _dtype_named(name: str) -> torch.dtype:
+    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "fp32": torch.float32,
+             "bf16": torch.bfloat16, "fp16": torch.float16}
+    if name not in names:
+        from tracelock.cli_common import did_you_mean
+
+        raise ValueError(f"dtype={name!r} is not a dtype name; use torch.float32 / torch.bfloat16 / torch.float16 or "
+                         f"'float32' / 'bfloat16' / 'float16'{did_you_mean(name, names)}")
+    return names[name]
+
+
 def check_dtype(dtype, device) -> None:
     from tracelock.checks import check_device
 
@@ -138,15 +149,18 @@ def _check_shipped_digest(folder: Path) -> None:
                               "copy the model folder again (the bundled one: reinstall tracelock)")
 
 
-def load_model(path, *, dtype=torch.float32, device="cpu", quantize=None) -> DiffusionBackbone:
+def load_model(path, *, dtype=None, device=None, quantize=None) -> DiffusionBackbone:
     """Load an HF checkpoint folder of LLaDA or Dream (official key names) as a frozen `DiffusionBackbone`.
 
     Args:
         path: folder with config.json, tokenizer files and model.safetensors (or a sharded index); a Hugging
             Face Hub id ("GSAI-ML/LLaDA-8B-Instruct": its safetensors, configs and tokenizer, from huggingface_hub's
-            cache or downloaded into it); or "testbed" / "testbed-dream", the bundled models.
-        dtype (torch.dtype): parameter dtype. Default: torch.float32.
-        device: "cpu" or "cuda[:i]". Default: "cpu".
+            cache or downloaded into it); "testbed" / "testbed-dream", the bundled models; or a LLaDA / Dream model
+            already loaded with transformers (its tensors shared where the layout allows:
+            `tracelock.models.from_transformers`).
+        dtype (torch.dtype | str): parameter dtype, or its name ("float32", "bfloat16", "float16"). Default:
+            torch.float32 (a transformers module: its own).
+        device: "cpu" or "cuda[:i]". Default: "cpu" (a transformers module: its own).
         quantize (str, optional): quantized weights through torchao (the ``quant`` extra): "int8" (CPU and CUDA),
             "int4" or "fp8" (CUDA, bfloat16); the LM head, norms and embedding stay in ``dtype``
             (`tracelock.models.quantize`). A format ``device`` cannot run is refused before any weight is read.
@@ -156,8 +170,18 @@ def load_model(path, *, dtype=torch.float32, device="cpu", quantize=None) -> Dif
         DiffusionBackbone in eval mode with ``requires_grad=False``; ``model.spec`` is its `ModelSpec`,
         ``model.quantization`` its format (None: not quantized).
     """
+    from tracelock.models.from_transformers import backbone_from_module
     from tracelock.models.quantize import check_quantize, quantize_model
 
+    if isinstance(dtype, str):
+        dtype = _dtype_named(dtype)
+    if isinstance(path, torch.nn.Module) and hasattr(path, "config"):
+        first = next(path.parameters())
+        dtype, device = dtype or first.dtype, device or first.device
+        check_dtype(dtype, device)
+        quantize = check_quantize(quantize, device, dtype)
+        return quantize_model(backbone_from_module(path, dtype=dtype, device=device), quantize)
+    dtype, device = dtype or torch.float32, device or "cpu"
     check_dtype(dtype, device)
     quantize = check_quantize(quantize, device, dtype)
     folder = resolve_path(path)

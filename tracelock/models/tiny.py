@@ -255,7 +255,8 @@ def write_tiny_checkpoint(
 
     Returns:
         Path: the folder, holding config.json, generation_config.json, the weights, tokenizer.json,
-        tokenizer_config.json and special_tokens_map.json.
+        tokenizer_config.json, special_tokens_map.json and the modelling files its auto_map names (tracelock's own,
+        `tracelock.models.remote_code`), so ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` opens it.
     """
     if family not in ("llada", "dream"):
         raise ValueError(f"family must be 'llada' or 'dream', got {family!r}")
@@ -272,4 +273,9 @@ def write_tiny_checkpoint(
     gen_config = generation_config(family, ids)
     atomic_write_text(folder / "generation_config.json", json.dumps(gen_config, indent=2) + "\n")
     save_weights(folder, tiny_state_dict(family, profile, seed), shards)
+    # the modelling files the config's auto_map names, so transformers opens the folder (trust_remote_code=True)
+    from tracelock.models.remote_code import FILES, FOLDER
+
+    for name in FILES[family]:
+        atomic_write_text(folder / name, (FOLDER / name).read_text())
     return folder
