@@ -56,6 +56,12 @@ def test_each_decoding_command_takes_the_setting_both_ways():
                                   "--policies", "threshold:tau=0.7,0.9:hold_end=true,confidence",
                                   "--gen-length", "64", "--block", "16"])
     assert frontier.sweep == ["threshold:tau=0.7,0.9:hold_end=true", "confidence"] and frontier.settings == "64/16"
+    rl = PARSER.parse_args(["rl", "--model", "testbed", "--controller", "c", "--prompts", "testbed:math", "--out", "o",
+                            "--settings", "128/32"])
+    assert (rl.gen_length, rl.window) == (128, 32)
+    selftrain = PARSER.parse_args(["self-train", "--model", "testbed", "--controller", "c", "--cache", "k",
+                                   "--prompts", "testbed:math", "--out", "o", "--settings", "128/32"])
+    assert (selftrain.gen_length, selftrain.window, selftrain.block) == (128, 32, None)
 
 
 @pytest.mark.parametrize("argv", [

@@ -433,6 +433,30 @@ def add_schedule(parser, *, gen_length=None, gen_required: bool = False, block_d
     parser.checks.append(one_setting)
 
 
+def add_setting_spelling(parser, *, width: str) -> None:
+    """``--settings GEN/WIDTH`` on a command that has its own ``--gen-length`` and ``--block`` or ``--window``
+    (``width``): the same as ``--gen-length GEN --WIDTH-OPTION WIDTH``, one setting."""
+    parser.add_argument("--settings", metavar="GEN/WIDTH",
+                        help=option_help("--settings", f"here one: the same as --gen-length GEN --{width} WIDTH") +
+                        f" (default: --gen-length and --{width})")
+
+    def spelled(args) -> None:
+        if args.settings is None:
+            return
+        pairs = check_settings(args.settings)
+        if len(pairs) > 1:
+            raise ValueError(f"--settings {args.settings}: this command runs one setting (--settings GEN/WIDTH, or "
+                             f"--gen-length N --{width} W); several are for eval, frontier and testbed-eval")
+        other = "block" if width == "window" else "window"
+        if getattr(args, other, None) is not None:
+            raise ValueError(f"--settings {args.settings} sets --{width}; drop --{other} (or give --gen-length N "
+                             f"--{other} W instead)")
+        (args.gen_length, value), = pairs
+        setattr(args, width, value)
+
+    parser.checks.append(spelled)
+
+
 def check_schedule_options(gen_length: int, block, window) -> None:
     """`tracelock.decode.schedule.validate_schedule`'s rules in the command line's words, before anything loads."""
     for option, width in (("--block", block), ("--window", window)):

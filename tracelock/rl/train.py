@@ -221,6 +221,7 @@ def add_parsers(sub):
         add_device,
         add_limit,
         add_model,
+        add_setting_spelling,
         bounded_int,
         gen_length_int,
         positive_int,
@@ -253,6 +254,7 @@ def add_parsers(sub):
                    help="tokens generated per prompt (LLaDA's gen_length), per rollout")
     p.add_argument("--window", type=gen_length_int, default=16, metavar="W",
                    help="soft-crop window width (TraceLock's schedule) of the controller's rollouts")
+    add_setting_spelling(p, width="window")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the prompt draws and the sampled commits")
     p.add_argument("--save-every", type=positive_int, default=10, help="steps between resumable checkpoints")
     add_device(p)

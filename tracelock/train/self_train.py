@@ -88,6 +88,7 @@ def add_parsers(sub):
         add_device,
         add_limit,
         add_model,
+        add_setting_spelling,
         batch_int,
         gen_length_int,
         option_help,
@@ -113,6 +114,7 @@ def add_parsers(sub):
     sched.add_argument("--block", type=gen_length_int, metavar="W",
                        help="semi-AR block length, divides --gen-length (LLaDA's block_length), while collecting "
                             "instead (default: the window)")
+    add_setting_spelling(p, width="window")
     p.add_argument("--theta", type=float, default=0.97, help="commit threshold while collecting (deployed: 0.95)")
     p.add_argument("--alpha", type=float, default=0.5, help="share of the new traces in the training mix")
     p.add_argument("--steps", type=positive_int, default=1000, help="training steps (paper: 1000)")
