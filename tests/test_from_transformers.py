@@ -5,6 +5,8 @@ allows; the raw errors of a name, a list mask and a dtype name are gone."""
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,18 @@ import torch
 import tracelock
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _rope_table_restored():
+    """Fast-dLLM's Dream code (loaded at run time) puts a "default" RoPE initialiser into transformers' global table,
+    which transformers' own Llama / Qwen2 would then call in later tests: the table is put back after this file."""
+    import transformers.modeling_rope_utils as rope
+
+    saved = dict(rope.ROPE_INIT_FUNCTIONS)
+    yield
+    rope.ROPE_INIT_FUNCTIONS.clear()
+    rope.ROPE_INIT_FUNCTIONS.update(saved)
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = [{"role": "user", "content": "Zoe has 9 books. She finds 4 more books. How many books does Zoe have now?"}]
 
@@ -88,11 +102,13 @@ def test_the_raw_errors_are_clear_ones():
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
 def test_transformers_opens_a_tiny_checkpoint_folder(tmp_path, family):
-    from transformers import AutoModel
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
     folder = tracelock.write_tiny_checkpoint(tmp_path / family, family=family)
-    hf = AutoModel.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32)
-    assert type(hf).__name__ == ("LLaDAModelLM" if family == "llada" else "DreamModel")
+    # the class the config's auto_map names, from the folder (what AutoModel does with trust_remote_code=True; here
+    # without AutoModel's registry, which the peers' modules loaded in this process fill with their own "llada")
+    auto = json.loads((folder / "config.json").read_text())["auto_map"]["AutoModel"]
+    hf = get_class_from_dynamic_module(auto, str(folder)).from_pretrained(folder, dtype=torch.float32)
     model = tracelock.load_model(folder)
     x = torch.randint(0, 200, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -103,3 +119,16 @@ def test_transformers_opens_a_tiny_checkpoint_folder(tmp_path, family):
     want, _ = tracelock.fused_generate(model, [[5, 6, 7, 8]], policy="confidence", gen_length=16, block=8)
     got, _ = tracelock.fused_generate(hf, [[5, 6, 7, 8]], policy="confidence", gen_length=16, block=8)
     assert torch.equal(got, want)
+
+
+def test_automodel_opens_tiny_checkpoints_as_written(tmp_path):
+    """The literal call, in a fresh process: ``AutoModel.from_pretrained(folder, trust_remote_code=True)``."""
+    code = ("import sys, torch, tracelock\n"
+            "from transformers import AutoModel\n"
+            "for family in ('llada', 'dream'):\n"
+            "    folder = tracelock.write_tiny_checkpoint(sys.argv[1] + '/' + family, family=family)\n"
+            "    hf = AutoModel.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32)\n"
+            "    print(type(hf).__name__, tracelock.load_model(hf).spec.family)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["LLaDAModelLM", "llada", "DreamModel", "dream"]

@@ -166,8 +166,10 @@ def test_errors_name_the_problem(micro, tmp_path):
         tracelock.load_model(tmp_path)
     with pytest.raises(ValueError, match=r"dtype torch.float16 is not supported on cpu.*float32"):
         tracelock.load_model(micro, dtype=torch.float16)
+    with pytest.raises(ValueError, match="dtype='bfloat61' is not a dtype name.*did you mean 'bfloat16'"):
+        tracelock.load_model(micro, dtype="bfloat61")  # a name is taken ("bfloat16", "bf16"), a misspelt one named
     with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
-        tracelock.load_model(micro, dtype="bf16")
+        tracelock.load_model(micro, dtype=16)
     model = tracelock.load_model(micro)
     with pytest.raises(ValueError, match=f"at most {model.spec.max_positions}"):
         model(torch.zeros(1, model.spec.max_positions + 1, dtype=torch.long))

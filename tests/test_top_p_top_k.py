@@ -14,6 +14,18 @@ import torch
 import tracelock
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _rope_table_restored():
+    """Fast-dLLM's Dream code (loaded at run time) puts a "default" RoPE initialiser into transformers' global table,
+    which transformers' own Llama / Qwen2 would then call in later tests: the table is put back after this file."""
+    import transformers.modeling_rope_utils as rope
+
+    saved = dict(rope.ROPE_INIT_FUNCTIONS)
+    yield
+    rope.ROPE_INIT_FUNCTIONS.clear()
+    rope.ROPE_INIT_FUNCTIONS.update(saved)
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = [{"role": "user", "content": "Zoe has 9 books. She finds 4 more books. How many books does Zoe have now?"}]
 
