@@ -32,6 +32,17 @@ PARSER = build_parser()
     (["frontier", "--model", "testbed", "--tasks", "testbed:math", "--out", "x"], "--sweep (or --policies"),
     (["serve", "--model", "testbed", "--settings", "64/16,128/32"], "one server runs one block width"),
     (["serve", "--model", "testbed", "--gen-length", "64", "--gen-lengths", "64,128"], "give the generation lengths"),
+    # the names LLaDA's, Dream's and Fast-dLLM's users bring
+    (["generate", "--model", "testbed", "--prompt", "x", "--policy", "confidence", "--gen-length", "64",
+      "--block-length", "16"], "LLaDA's block_length is --block 16 here"),
+    (["generate", "--model", "testbed", "--prompt", "x", "--policy", "confidence", "--max-new-tokens", "64"],
+     "the generated length is --gen-length 64 here"),
+    (["generate", "--model", "testbed", "--prompt", "x", "--policy", "confidence", "--gen-length", "64", "--steps",
+      "32"], "--policy confidence:steps=32"),
+    (["generate", "--model", "testbed", "--prompt", "x", "--gen-length", "64", "--remasking", "low_confidence"],
+     "the rule is the policy here: --policy confidence"),
+    (["eval", "--model", "testbed", "--tasks", "testbed:math", "--policies", "confidence", "--out", "o",
+      "--threshold", "0.9"], "--policies threshold:tau=0.9"),
 ])
 def test_mistakes_end_in_one_line_before_anything_loads(argv, says, capsys):
     with pytest.raises(SystemExit) as exit:

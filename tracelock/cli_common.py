@@ -175,6 +175,20 @@ def foreign_option_hint(command: str, option: str, value: str, parser) -> str | 
         return f"tracelock {command} takes --policies SPEC[,SPEC...] (one spec is a list of one)"
     if option in ("--lengths", "--widths", "--gen-lengths") and "--settings" in have:
         return f"tracelock {command} takes its settings as --settings GEN/WIDTH,... (e.g. --settings 64/16,128/32)"
+    # the names of LLaDA's, Dream's and Fast-dLLM's arguments (docs/coming-from.md)
+    policy_option = "--policy" if "--policy" in have else "--policies" if "--policies" in have else None
+    if option == "--block-length" and "--block" in have:
+        return f"LLaDA's block_length is --block{' ' + value if value.isdigit() else ' W'} here"
+    if option in ("--max-new-tokens", "--max-tokens") and "--gen-length" in have:
+        return f"the generated length is --gen-length{' ' + value if value.isdigit() else ' N'} here"
+    if option == "--steps" and policy_option:
+        return (f"steps are a policy argument here: {policy_option} confidence:steps={value or 'S'} (or "
+                "confidence:per_step=k, k tokens per step)")
+    if option in ("--remasking", "--alg") and policy_option:
+        names = {"low_confidence": "confidence"}
+        return f"the rule is the policy here: {policy_option} {names.get(value, value) or 'NAME'}"
+    if option == "--threshold" and policy_option:
+        return f"Fast-dLLM's threshold is {policy_option} threshold:tau={value or '0.9'} here"
     if option == "--dtype" and "--model-dtype" in have:
         return "the backbone's dtype is --model-dtype"
     if option == "--task" and "--tasks" in have:
