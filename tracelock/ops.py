@@ -830,18 +830,27 @@ def topk_js(logits: torch.Tensor, prev_ids: torch.Tensor, prev_probs: torch.Tens
         (ids [N, K] int64 descending (ties to the lowest index), probs [N, K] fp32, js [N] fp32).
     """
     N, V = _check_logits(logits)
-    like = ("logits", logits)
-    _check_arg("prev_ids", prev_ids, (torch.int64,), like=like)
-    if prev_ids.dim() != 2 or prev_ids.shape[0] != N or not 1 <= prev_ids.shape[1] <= V:
-        raise ValueError(f"prev_ids must be [N, K] with N = {N} (logits' rows) and 1 <= K <= V = {V}, got shape "
-                         f"{list(prev_ids.shape)}")
-    _check_arg("prev_probs", prev_probs, (torch.float32,), tuple(prev_ids.shape), like)
-    _check_arg("has_prev", has_prev, (torch.bool,), (N,), like)
+    _check_topk_memory(prev_ids, prev_probs, has_prev, ("logits", logits), f"[N, K] with N = {N} (logits' rows) and "
+                       f"1 <= K <= V = {V}", N, V)
     chosen = _pick_impl("topk_js", impl, logits.device)
-    if chosen == "triton" and prev_ids.shape[1] > MAX_TOPK:
-        raise ValueError(f"prev_ids has K = {prev_ids.shape[1]}; the Triton topk_js keeps the top-K in registers, at "
-                         f"most {MAX_TOPK}: use impl='torch'")
+    _check_topk_limit("topk_js", chosen, prev_ids)
     return _run("topk_js", impl, chosen, logits, prev_ids, prev_probs, has_prev)
+
+
+def _check_topk_memory(prev_ids, prev_probs, has_prev, like: tuple, shape_text: str, rows: int, V: int) -> None:
+    """LESS's memory: [rows, K] int64 ids (1 <= K <= V), their [rows, K] fp32 probabilities, [rows] bool has_prev."""
+    _check_arg("prev_ids", prev_ids, (torch.int64,), like=like)
+    if prev_ids.dim() != 2 or prev_ids.shape[0] != rows or not 1 <= prev_ids.shape[1] <= V:
+        raise ValueError(f"prev_ids must be {shape_text}, got shape {list(prev_ids.shape)}")
+    _check_arg("prev_probs", prev_probs, (torch.float32,), tuple(prev_ids.shape), like)
+    _check_arg("has_prev", has_prev, (torch.bool,), (rows,), like)
+
+
+def _check_topk_limit(op: str, chosen: str, prev_ids: torch.Tensor) -> None:
+    """The Triton top-K kernels keep the top-K in registers: at most `MAX_TOPK`."""
+    if chosen == "triton" and prev_ids.shape[1] > MAX_TOPK:
+        raise ValueError(f"prev_ids has K = {prev_ids.shape[1]}; the Triton {op} keeps the top-K in registers, at "
+                         f"most {MAX_TOPK}: use impl='torch'")
 
 
 # ---- the same passes fused into the LM head: hidden rows and the head weight in place of the logits
@@ -903,17 +912,10 @@ def head_topk_js(hidden: torch.Tensor, weight: torch.Tensor, prev_ids: torch.Ten
         (ids [R, K] int64 descending (ties to the lowest index), probs [R, K] fp32, js [R] fp32).
     """
     R, V = _check_head(hidden, weight)
-    like = ("hidden", hidden)
-    _check_arg("prev_ids", prev_ids, (torch.int64,), like=like)
-    if prev_ids.dim() != 2 or prev_ids.shape[0] != R or not 1 <= prev_ids.shape[1] <= V:
-        raise ValueError(f"prev_ids must be [R, K] with R = {R} (hidden's rows) and 1 <= K <= V = {V} (weight's "
-                         f"rows), got shape {list(prev_ids.shape)}")
-    _check_arg("prev_probs", prev_probs, (torch.float32,), tuple(prev_ids.shape), like)
-    _check_arg("has_prev", has_prev, (torch.bool,), (R,), like)
+    _check_topk_memory(prev_ids, prev_probs, has_prev, ("hidden", hidden), f"[R, K] with R = {R} (hidden's rows) and "
+                       f"1 <= K <= V = {V} (weight's rows)", R, V)
     chosen = _pick_impl("head_topk_js", impl, hidden.device)
-    if chosen == "triton" and prev_ids.shape[1] > MAX_TOPK:
-        raise ValueError(f"prev_ids has K = {prev_ids.shape[1]}; the Triton head_topk_js keeps the top-K in registers, "
-                         f"at most {MAX_TOPK}: use impl='torch'")
+    _check_topk_limit("head_topk_js", chosen, prev_ids)
     return _run("head_topk_js", impl, chosen, hidden, weight, prev_ids, prev_probs, has_prev)
 
 
