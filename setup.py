@@ -102,6 +102,41 @@ def _optional_build_ext(base, required):
 
 ext_modules, cmdclass = _extensions()
 
+# `pip install -e .` puts setuptools' finder for tracelock after Python's path search, so a folder named tracelock in
+# the current directory (a clone, run from the folder above it) would win as an empty namespace package ("module
+# 'tracelock' has no attribute 'load_model'"). One more .pth line, read after setuptools' own, asks that finder
+# first. Where a setuptools release has no such hook the install is the plain editable one.
+EDITABLE_FIRST = ("import sys; sys.meta_path.sort(key=lambda f: not getattr(f, '__module__', '')"
+                  ".startswith('__editable___tracelock_'))\n")
+try:
+    from setuptools.command.editable_wheel import editable_wheel
+except ImportError:  # setuptools < 64: no PEP 660 editable installs
+    editable_wheel = None
+if editable_wheel is not None and hasattr(editable_wheel, "_select_strategy"):
+
+    class _FinderFirst:
+        """setuptools' strategy, writing the .pth line after its own files."""
+
+        def __init__(self, strategy):
+            self.strategy = strategy
+
+        def __enter__(self):
+            self.strategy.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.strategy.__exit__(*exc)
+
+        def __call__(self, wheel, files, mapping):
+            self.strategy(wheel, files, mapping)
+            wheel.writestr("__editable__.tracelock-finder-first.pth", EDITABLE_FIRST.encode())
+
+    class EditableFinderFirst(editable_wheel):
+        def _select_strategy(self, name, tag, build_lib):
+            return _FinderFirst(super()._select_strategy(name, tag, build_lib))
+
+    cmdclass["editable_wheel"] = EditableFinderFirst
+
 # optional extras; the versions CI tests are pinned in constraints.txt
 SERVE = ["fastapi>=0.110", "uvicorn>=0.29", "openai>=1.30"]
 LM_EVAL = ["lm-eval>=0.4.13,<0.5"]

@@ -152,9 +152,10 @@ def test_recompiles_are_bounded(llada):
 
 @pytest.mark.parametrize("kw,why", [
     (dict(policy="confidence", temperature=0.7), "sampling"),
+    (dict(policy="confidence", temperature=0.7, top_p=0.9, top_k=5), "sampling"),
     (dict(policy="random"), "'random' policy draws"),
     (dict(policy="confidence", cfg_scale=1.5), "classifier-free guidance"),
-], ids=["sampling", "random", "cfg"])
+], ids=["sampling", "top-p-top-k", "random", "cfg"])
 def test_what_cannot_compile_warns_and_runs_eager(llada, kw, why):
     prompts = random_prompts(llada)
     want, want_stats = tracelock.fused_generate(llada, prompts, gen_length=G, block=4, seed=3, **kw)

@@ -33,3 +33,13 @@ def test_bare_kernels_import_fails(tmp_path):
                           timeout=120)
     assert done.returncode != 0
     assert "No module named 'kernels'" in done.stderr
+
+
+def test_a_folder_named_tracelock_in_the_working_directory_does_not_shadow_the_package(tmp_path):
+    """A clone named tracelock, used from the folder above it: Python's path search finds that folder first (an empty
+    namespace package). The installed package still wins: the editable install's finder is asked first."""
+    (tmp_path / "tracelock" / "tracelock").mkdir(parents=True)  # the clone's root and its package folder
+    done = subprocess.run([sys.executable, "-c", "import tracelock; print(tracelock.__file__); tracelock.load_model"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()).resolve() == REPO / "tracelock" / "__init__.py"
