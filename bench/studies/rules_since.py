@@ -10,7 +10,8 @@ the Dream family Fast-dLLM's and Fast-dLLM++'s two forms, as the verdict read th
 ``run`` decodes each cell (model x task x setting) with `tracelock eval` (``--tasks testbed:T@validation --limit N
 --seed 1213 --settings G/W --batch-size 100 --threads 1``: the same N validation items for every policy of a cell;
 resumable) and writes its per-item records, compacted, to
-``bench/results/rules-since-validation/<family>-<task>-<G>-<W>.json`` (atomically, once every point is in).
+``bench/results/rules-since-validation/<family>-<task>-<G>-<W>.json`` (atomically, once every point is in). Where
+that file exists, only the points its grid gained since are decoded and merged into it (same items, same seed).
 ``read`` judges each cell from those records (`tracelock.eval.matched`): every new rule's gap at matched steps
 against the existing rules' envelope (at each step budget the best existing curve) and against every other new
 rule, with its 90% paired bootstrap interval, and the cell's leader: the curve with the highest step-function
@@ -47,7 +48,8 @@ def _list(name: str, key: str, values) -> list:
 
 
 def specs(family: str, gen: int) -> dict:
-    """{curve: [policy spec]} of a cell: the new rules along their knobs, then the existing rules (plain and held;
+    """{curve: [policy spec]} of a cell: the new rules along their knobs (plain, then held), then the existing rules
+    (plain and held;
     on the Dream family Fast-dLLM's and Fast-dLLM++'s LLaDA and Dream forms, the one-per-step rule on neg-entropy).
     The new rules run in the family's form: on the Dream family with ``first_token=true`` (KLASS: its Dream code,
     ``form=dream``). The grids were set from 20 validation items (seed 99) of LLaDA math 64/16 and Dream code 64/32:
@@ -65,6 +67,8 @@ def specs(family: str, gen: int) -> dict:
         "eb": [f"eb:gamma={g}{ft}" for g in (0.001, 0.01, 0.1, 0.3, 1.0, 3.0)],
         "pc": [f"pc:background={FAMILIES[family]['model']}:steps={k}{ft}" for k in steps],
     }
+    # each new rule also with the end-of-text hold, as the existing rules run (worth up to 31 points on Dream code)
+    out.update({f"{rule}-hold-end": [f"{spec}:hold_end=true" for spec in out[rule]] for rule in NEW})
     score = FAMILIES[family]["score"]
     for hold in ("", ":hold_end=true"):
         name = "-hold-end" if hold else ""
@@ -108,16 +112,19 @@ def run(cells: list, n: int, work: Path, only: list | None = None, results: Path
     for family, task, setting in cells:
         gen = int(setting.split("/")[0])
         curves = specs(family, gen)
-        wanted = [s for c, ss in curves.items() if only is None or c in only for s in ss]
+        committed = _committed(results / f"{_cell_name(family, task, setting)}.json", n) if only is None else {}
+        wanted = [s for c, ss in curves.items() if only is None or c in only for s in ss
+                  if f"{c}/{parse_policies(s)[0].slug}" not in committed]
         folder = work / _cell_name(family, task, setting)
         cmd = [sys.executable, str(Path(__file__).resolve()), "eval", "--model", FAMILIES[family]["model"],
                "--tasks", f"testbed:{task}@validation", "--limit", str(n), "--seed", str(SEED), "--settings", setting,
                "--batch-size", "100", "--threads", "1", "--workers", "1", "--quiet", "--out", str(folder),
                "--policies", ",".join(wanted)]
         start, cpu = time.time(), _child_cpu()
-        print(f"[{time.strftime('%H:%M:%S')}] {_cell_name(family, task, setting)}: {len(wanted)} points, n={n}",
-              flush=True)
-        subprocess.run(cmd, check=True)
+        print(f"[{time.strftime('%H:%M:%S')}] {_cell_name(family, task, setting)}: {len(wanted)} points to decode "
+              f"({len(committed)} committed), n={n}", flush=True)
+        if wanted:
+            subprocess.run(cmd, check=True)
         wall, cpu = time.time() - start, _child_cpu() - cpu
         print(f"[{time.strftime('%H:%M:%S')}] {_cell_name(family, task, setting)} decoded: {wall:.0f} s wall, "
               f"{cpu:.0f} s CPU", flush=True)
@@ -128,11 +135,13 @@ def run(cells: list, n: int, work: Path, only: list | None = None, results: Path
         for curve, ss in curves.items():
             for spec in ss:
                 policy = parse_policies(spec)[0]
+                if f"{curve}/{policy.slug}" in committed:
+                    continue
                 got = folder_items(folder / "runs" / slug / policy.slug)
                 if len(got) != n:
                     raise SystemExit(f"{spec}: {len(got)} of {n} items decoded")
                 per_point[f"{curve}/{policy.slug}"] = got
-        rec = compact_records(per_point)
+        rec = _merge(committed, compact_records(per_point) if per_point else None, curves)
         rec = dict(what=f"{family} {task} {setting}, validation split, {n} items drawn with seed {SEED}",
                    model=FAMILIES[family]["model"], task=f"testbed:{task}@validation", setting=setting, n=n,
                    seed=SEED, specs=curves, **rec)
@@ -141,6 +150,38 @@ def run(cells: list, n: int, work: Path, only: list | None = None, results: Path
         results.mkdir(parents=True, exist_ok=True)
         atomic_write_json(results / f"{_cell_name(family, task, setting)}.json", rec)
         print(f"wrote {results / (_cell_name(family, task, setting) + '.json')}", flush=True)
+
+
+def _committed(path: Path, n: int) -> dict:
+    """The points already in a cell's committed records ({label: compact record, plus "ids"}), to decode only the
+    points a grid gained since; {} where there is none. A record of another item count is refused."""
+    if not path.exists():
+        return {}
+    rec = json.loads(path.read_text())
+    if rec["n"] != n:
+        raise SystemExit(f"{path} holds n={rec['n']}, not --n {n}: pass --n {rec['n']} or another --results")
+    return dict(rec["points"], ids=rec["ids"])
+
+
+def _merge(committed: dict, fresh: dict | None, curves: dict) -> dict:
+    """One compact record of the committed points and the freshly decoded ones, in the specs' order. The committed
+    ids are the items every committed point holds; a fresh point must hold each of them (the same draw)."""
+    from tracelock.eval.runner import parse_policies
+
+    committed = dict(committed)
+    ids = committed.pop("ids", None)
+    points = dict(committed)
+    if fresh is not None:
+        if ids is not None and not set(ids) <= set(fresh["ids"]):
+            raise SystemExit("the fresh points miss items of the committed ones: a different draw")
+        keep = fresh["ids"] if ids is None else ids
+        at = {i: k for k, i in enumerate(fresh["ids"])}
+        for label, p in fresh["points"].items():
+            points[label] = dict(correct="".join(p["correct"][at[i]] for i in keep),
+                                 steps=[p["steps"][at[i]] for i in keep])
+        ids = keep
+    order = [f"{c}/{parse_policies(s)[0].slug}" for c, ss in curves.items() for s in ss]
+    return dict(ids=ids, points={label: points[label] for label in order if label in points})
 
 
 def kind_of(curve: str) -> str:
