@@ -228,7 +228,8 @@ def test_eval_with_several_tasks_writes_a_run_folder_each(tmp_path):
 
 
 def test_the_rules_since_fastdllm_in_the_grammar():
-    from tracelock.cli_common import did_you_mean, expand_policy_list, parse_policy_spec, policy_and_args
+    from tracelock.cli_common import expand_policy_list, parse_policy_spec, policy_and_args
+    from tracelock.text import did_you_mean
 
     # none (or JSON's null) is None: an optional argument left unset; a name or path stays a string
     assert parse_policy_spec("hierarchy:tau=none") == ("hierarchy", {"tau": None})

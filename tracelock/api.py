@@ -12,9 +12,10 @@ from dataclasses import replace
 import torch
 
 from tracelock.checks import check_decode_inputs
-from tracelock.cli_common import did_you_mean, physical_cores, safe_echo, threads_for_load
+from tracelock.cli_common import physical_cores, safe_echo, threads_for_load
 from tracelock.decode.settings import settings_from
 from tracelock.policies import POLICIES, make_policy, policy_args_for
+from tracelock.text import did_you_mean
 
 __all__ = ["entry_settings", "check_named_policy", "apply_thread_rule"]
 

@@ -17,7 +17,6 @@ Nothing here imports torch: building the parser must stay cheap (`tracelock --he
 """
 
 import argparse
-import difflib
 import os
 import re
 import sys
@@ -25,6 +24,7 @@ import time
 import unicodedata
 
 from tracelock.progress import QUIET_ENV
+from tracelock.text import did_you_mean
 
 # the release that drops the deprecated spellings
 REMOVED_IN = "0.2"
@@ -55,17 +55,6 @@ def safe_echo(text: str) -> str:
     value a user typed cannot move the cursor, rewrite a terminal line or turn text around when an error names it."""
     return "".join(c.encode("unicode_escape").decode("ascii") if c == "\n" or c == "\t" or
                    unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp") else c for c in str(text))
-
-
-def did_you_mean(word, names) -> str:
-    """``"; did you mean 'x'?"`` for the closest of ``names`` to ``word``, else ``""``: for the error of any closed
-    set of names (commands, choices, policies, their arguments, tasks, models)."""
-    if not isinstance(word, str) or not word:
-        return ""
-    names = [str(n) for n in names]
-    folded = {n.lower().replace("-", "_"): n for n in names}
-    close = difflib.get_close_matches(word.lower().replace("-", "_"), list(folded), n=1, cutoff=0.6)
-    return f"; did you mean {folded[close[0]]!r}?" if close else ""
 
 
 class Parser(argparse.ArgumentParser):

@@ -17,8 +17,8 @@ import math
 import numbers
 from dataclasses import dataclass, field, fields
 
-from tracelock.cli_common import did_you_mean
 from tracelock.names import SAMPLING_NAMES, unknown_name_hint
+from tracelock.text import did_you_mean
 
 __all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams"]
 

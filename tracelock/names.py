@@ -1,7 +1,7 @@
 """The names users bring from LLaDA, Dream, Fast-dLLM and vLLM (docs/coming-from.md), and the hint an unknown keyword
 gets: what tracelock calls it, else the closest known name ("did you mean")."""
 
-from tracelock.cli_common import did_you_mean
+from tracelock.text import did_you_mean
 
 __all__ = ["DECODE_NAMES", "SAMPLING_NAMES", "unknown_name_hint"]
 

@@ -1,7 +1,20 @@
-"""Prompt files and encoding with the checkpoint's chat template, and answer extraction from a generated region."""
+"""Prompt files and encoding with the checkpoint's chat template, answer extraction from a generated region, and
+the "did you mean" hint of every error that names a closed set of names (`did_you_mean`)."""
 
+import difflib
 import json
 from pathlib import Path
+
+
+def did_you_mean(word, names) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``names`` to ``word``, else ``""``: for the error of any closed
+    set of names (commands, choices, policies, their arguments, tasks, models)."""
+    if not isinstance(word, str) or not word:
+        return ""
+    names = [str(n) for n in names]
+    folded = {n.lower().replace("-", "_"): n for n in names}
+    close = difflib.get_close_matches(word.lower().replace("-", "_"), list(folded), n=1, cutoff=0.6)
+    return f"; did you mean {folded[close[0]]!r}?" if close else ""
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list:

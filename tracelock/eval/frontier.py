@@ -113,8 +113,9 @@ def parse_sweep(text: str) -> Sweep:
     """``name[:knob=v1,v2,...][:key=value...][:curve=TITLE]``; a bare ``name`` takes its `DEFAULT_SWEEPS` grid. The
     values of one key are the list grammar of every command (`tracelock.cli_common.policy_groups`): the points of a
     sweep are what ``--policies name:knob=v1,v2`` runs as policies."""
-    from tracelock.cli_common import did_you_mean, policy_groups
+    from tracelock.cli_common import policy_groups
     from tracelock.policies import POLICIES
+    from tracelock.text import did_you_mean
 
     try:
         groups = policy_groups(text, option="--sweep", names=tuple(POLICIES))

@@ -75,7 +75,7 @@ def _dtype_named(name: str) -> torch.dtype:
     names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "fp32": torch.float32,
              "bf16": torch.bfloat16, "fp16": torch.float16}
     if name not in names:
-        from tracelock.cli_common import did_you_mean
+        from tracelock.text import did_you_mean
 
         raise ValueError(f"dtype={name!r} is not a dtype name; use torch.float32 / torch.bfloat16 / torch.float16 or "
                          f"'float32' / 'bfloat16' / 'float16'{did_you_mean(name, names)}")

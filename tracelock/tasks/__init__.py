@@ -65,7 +65,7 @@ def _example(task: str, problem: Problem, rng: random.Random) -> Example:
 
 def _task(task: str) -> TaskModule:
     if task not in TASKS:
-        from tracelock.cli_common import did_you_mean
+        from tracelock.text import did_you_mean
 
         raise ValueError(f"unknown testbed task {task!r}; known: {sorted(TASKS)}{did_you_mean(task, TASKS)}")
     return TASKS[task]
