@@ -8,8 +8,10 @@ the threshold rule are timed in alternating rounds (a load change on a shared ma
 their seconds per step goes into extra_info (`pytest bench/test_bench_rules.py --benchmark`; without the flag each
 body runs once, uncompiled). Rules take different step counts, so the comparison is per step: the batch's wall time
 over its steps (the engine's batched forwards). A forward runs only the live rows (padded to a power of two), and a
-rule whose rows finish at other times runs forwards of other widths, so the main ratio is per row-step (wall time
-over the rows its forwards ran); the per-step ratio is kept beside it.
+rule whose rows finish at other times runs forwards of other widths, so the ratios are read three ways: per full-batch
+step (the first GEN / BLOCK steps, when every row is live in both rules: a step commits within one block, so no row
+can finish sooner; the cleanest, the same work but the rule's), per row-step (wall time over the rows its forwards
+ran; a narrow forward costs more per row, which favours the rule that keeps its rows longer) and per step.
 """
 
 import statistics
@@ -44,6 +46,20 @@ def _engine(model, prompts, policy, args, compile) -> DecodeEngine:
                         prompt_len=bucket, compile=compile)
 
 
+def _full_batch_steps(engine, prompts) -> float:
+    """Seconds of the first GEN / BLOCK steps of a run, every row live in each (checked); the engine is left free."""
+    engine.reset()
+    for prompt in prompts:
+        engine.admit(prompt)
+    start = time.perf_counter()
+    for _ in range(GEN // BLOCK):
+        engine.step()
+        assert engine.last_step[0] == len(prompts), "a row finished within its first GEN / BLOCK steps"
+    seconds = time.perf_counter() - start
+    engine.reset()
+    return seconds
+
+
 def _checked(engine, model, prompts, policy, args):
     """Decode once (a compiled engine compiles here) and check every row against fused_generate's specs."""
     rows = engine.run(prompts)
@@ -75,21 +91,25 @@ def test_rule_step_against_threshold(request, benchmark, machine, bundled, rule,
     benchmark.extra_info.update(machine, model=name, items=len(prompts), rule=rule, args=args, forwards=forwards,
                                 row_steps=row_steps)
     if benchmark.disabled:
+        _full_batch_steps(engines[rule], prompts)  # its check that every row stays live
         return
     rounds = request.config.getoption("--bench-rounds")
-    seconds = {p: [] for p in engines}
+    seconds, full = {p: [] for p in engines}, {p: [] for p in engines}
     for _ in range(rounds):
         for p, engine in engines.items():
             start = time.perf_counter()
             engine.run(prompts)
             seconds[p].append(time.perf_counter() - start)
+            full[p].append(_full_batch_steps(engine, prompts))
 
-    def ratio(per: dict) -> float:
+    def ratio(per: dict, times=seconds) -> float:
         return statistics.median((a / per[rule]) / (b / per["threshold"])
-                                 for a, b in zip(seconds[rule], seconds["threshold"]))
+                                 for a, b in zip(times[rule], times["threshold"]))
 
     benchmark.extra_info.update(
+        seconds_per_full_batch_step={p: statistics.median(t) / (GEN // BLOCK) for p, t in full.items()},
         seconds_per_step={p: statistics.median(t) / forwards[p] for p, t in seconds.items()},
         seconds_per_row_step={p: statistics.median(t) / row_steps[p] for p, t in seconds.items()},
-        ratio_per_row_step=ratio(row_steps), ratio_per_step=ratio(forwards), rounds=rounds)
+        ratio_per_full_batch_step=ratio(dict.fromkeys(engines, 1), full), ratio_per_row_step=ratio(row_steps),
+        ratio_per_step=ratio(forwards), rounds=rounds)
     benchmark.pedantic(engines[rule].run, args=(prompts,), rounds=1, iterations=1)
