@@ -14,7 +14,6 @@ from tracelock.features import (
     backbone_fingerprint,
     fit_encoder,
     fold,
-    fold_codes,
     load_encoder,
     train_autoencoder,
 )
@@ -129,7 +128,8 @@ def test_fold_equals_unfolded_random():
     A, c = fold(enc, weight, bias)
     assert A.shape == (3, D, N) and A.dtype == torch.float32 and c.shape == (N,)
     torch.testing.assert_close(h1 @ A[0] + h2 @ A[1] + h3 @ A[2] + c, ref, rtol=1e-4, atol=1e-4 * ref.abs().max())
-    Ac, cc = fold_codes(enc)
+    # folded with the identity, A and c write the codes themselves
+    Ac, cc = fold(enc, torch.eye(enc.code_dim), torch.zeros(enc.code_dim))
     codes = enc.codes(h1, h2, h3)
     torch.testing.assert_close(h1 @ Ac[0] + h2 @ Ac[1] + h3 @ Ac[2] + cc, codes, rtol=1e-4,
                                atol=1e-4 * codes.abs().max())

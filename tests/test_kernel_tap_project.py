@@ -56,14 +56,14 @@ def test_tap_project_strided_rows():
 
 
 def test_tap_project_writes_codes():
-    """With A, c from tracelock.features.fold_codes, one pass writes a fitted linear encoder's codes
-    [E_h h1, E_h h2, E_h h3, E_d (h2 - h1), E_d (h3 - h2)], standardisation included."""
-    from tracelock.features import LinearEncoder, TapEncoder, fold_codes
+    """With A, c from tracelock.features.fold with the identity projection, one pass writes a fitted linear
+    encoder's codes [E_h h1, E_h h2, E_h h3, E_d (h2 - h1), E_d (h3 - h2)], standardisation included."""
+    from tracelock.features import LinearEncoder, TapEncoder, fold
 
     T, D = 63, 48
     samples = torch.randn(256, D) * torch.linspace(0.5, 3, D) + 1.0
     enc = TapEncoder(LinearEncoder.fit_pca(samples, 24), LinearEncoder.fit_pca(samples[1:] - samples[:-1], 16), {})
-    A, c = fold_codes(enc)
+    A, c = fold(enc, torch.eye(enc.code_dim), torch.zeros(enc.code_dim))
     h1, h2, h3 = (torch.randn(T, D) * 2 + 1 for _ in range(3))
     codes = enc.codes(h1, h2, h3)
     tri_out = ops.tap_project(*(t.to(DEVICE) for t in (h1, h2, h3, A, c)), impl="triton")

@@ -96,6 +96,13 @@ def _slots(mask):
     return [row.nonzero().flatten().tolist() for row in mask]
 
 
+def _margins(policy, inp):
+    """(m [B, R] margins of the slots, tau [B] the threshold logit used) at one step: the policy's slot scores less
+    its threshold logit."""
+    a, tau = policy.slot_scores(inp)
+    return a - tau[:, None], tau
+
+
 def test_all_pass_cap_and_fallback(model, encoder):
     inp = _step(model)
     everyone = TraceLockPolicy(_constant(_controller(model, encoder), a=10.0), encoder)
@@ -118,7 +125,7 @@ def test_threshold_and_static_tau(model, encoder):
     # a fixed threshold logit replaces the learned tau (here 0, moved to -2: m = 4, sigmoid = 0.982)
     static = TraceLockPolicy(ctrl, encoder, static_tau=-2.0)
     assert _slots(static.select(inp)) == _slots(inp.active)
-    m, tau = static.margins(inp)
+    m, tau = _margins(static, inp)
     assert torch.equal(tau, torch.full((3,), -2.0)) and torch.allclose(m, torch.full_like(m, 4.0))
 
 
@@ -140,11 +147,11 @@ def test_region_crop_and_left_padding(model, encoder):
     inp = _step(model, B=2, seed=1)
     inp.positions[1] = torch.arange(4, 10)  # row 1's region ends at 10 < T = 14
     inp.active[:] = True
-    m, tau = policy.margins(inp)
+    m, tau = _margins(policy, inp)
     alone = _step(model, B=2, seed=1)
     alone.taps = tuple(t[1:, :10] for t in inp.taps)
     alone.positions, alone.state, alone.active = inp.positions[1:], inp.state[1:], inp.active[1:]
-    m1, tau1 = policy.margins(alone)
+    m1, tau1 = _margins(policy, alone)
     torch.testing.assert_close(m[1:], m1, rtol=1e-5, atol=1e-5)
     # row 0 left-padded by 3 with a mask: the same margins as without the padding
     pad = 3
@@ -153,7 +160,7 @@ def test_region_crop_and_left_padding(model, encoder):
     padded.state = torch.cat([torch.full((1, pad), states.PROMPT, dtype=torch.uint8), inp.state[:1]], dim=1)
     padded.positions, padded.active = inp.positions[:1] + pad, inp.active[:1]
     padded.attention_mask = torch.arange(padded.state.shape[1])[None] >= pad
-    mp, taup = policy.margins(padded)
+    mp, taup = _margins(policy, padded)
     torch.testing.assert_close(mp, m[:1], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(taup, tau[:1], rtol=1e-5, atol=1e-5)
 
@@ -164,7 +171,7 @@ def test_fold_path_equals_codes_path(model, encoder):
     T = inp.taps[0].shape[1]
     key_mask = torch.arange(T)[None] < (inp.positions.max(1).values + 1)[:, None]
     a, tau = ctrl(encoder.codes(*inp.taps), inp.state[:, :T], key_mask)
-    m, _ = TraceLockPolicy(ctrl, encoder).margins(inp)
+    m, _ = _margins(TraceLockPolicy(ctrl, encoder), inp)
     torch.testing.assert_close(m, a.gather(1, inp.positions) - tau[:, None], rtol=1e-4, atol=1e-4)
     # a nonlinear encoder cannot fold: the policy runs the codes through the input projection
     D = model.spec.hidden_size
@@ -172,7 +179,7 @@ def test_fold_path_equals_codes_path(model, encoder):
     ae = TapEncoder(AutoEncoder(D, 8, 16), AutoEncoder(D, 4, 16), backbone_fingerprint(model)).eval()
     ctrl_ae = _controller(model, ae)
     a, tau = ctrl_ae(ae.codes(*inp.taps), inp.state[:, :T], key_mask)
-    m, _ = TraceLockPolicy(ctrl_ae, ae).margins(inp)
+    m, _ = _margins(TraceLockPolicy(ctrl_ae, ae), inp)
     torch.testing.assert_close(m, a.gather(1, inp.positions) - tau[:, None], rtol=1e-5, atol=1e-5)
 
 

@@ -326,12 +326,6 @@ def fold(encoder: TapEncoder, weight: torch.Tensor, bias: torch.Tensor) -> tuple
     return A.float(), c.float()
 
 
-def fold_codes(encoder: TapEncoder) -> tuple:
-    """(A [3, D, C], c [C]) that write the codes themselves: ``codes(h1, h2, h3) == sum_j h_j @ A[j] + c``."""
-    C = encoder.code_dim
-    return fold(encoder, torch.eye(C), torch.zeros(C))
-
-
 def _width(asked, reference: int, D: int, name: str) -> int:
     if asked is None:
         return min(reference, D)

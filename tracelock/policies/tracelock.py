@@ -221,11 +221,6 @@ class TraceLockPolicy(Policy):
             self.last_scores = (a, tau)
         return a, tau
 
-    def margins(self, inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
-        """(m [B, R] margins of the slots, tau [B] the threshold logit used) at one step."""
-        a, tau = self.slot_scores(inp)
-        return a - tau[:, None], tau
-
     def commit_rule(self, inp: StepInput) -> CommitRule:
         """The step as `ops.commit_step` inputs, for every rule the policy can carry (the paper's, the reference
         release's inclusive one, hold_end, each fallback): the fused loop and the engine close it with that op."""

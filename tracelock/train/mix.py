@@ -53,10 +53,6 @@ class MixedCache:
         self._items = train + val
         return np.arange(len(train)), np.arange(len(train), len(self._items))
 
-    def share_of_new(self, indices) -> float:
-        """Share of the given mix indices that come from the self-training pool."""
-        return float(np.mean([self._items[i][0] for i in indices]))
-
     def _mix(self) -> list:
         if self._items is None:
             raise RuntimeError("call MixedCache.split(...) first: it builds the mix")
