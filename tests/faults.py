@@ -179,6 +179,19 @@ def compare_store(ref: Path, got: Path) -> dict:
                 - len(set(skipped)), torn=torn, differ=len(differ) + len(set(got_traces) - set(ref_traces)))
 
 
+def verify_cache(cache) -> None:
+    """Check every file of every shard of a `FeatureCache` against its sha256 in the index, not only the shards an
+    item read loads (raises `CacheCorruptError` naming the first file missing or corrupt)."""
+    from tracelock.traces.cache import CacheCorruptError, _sha256
+
+    for shard in cache.index["shards"]:
+        for field in shard["files"]:
+            path = cache.folder / shard["files"][field]["file"]
+            if not path.is_file() or _sha256(path) != shard["files"][field]["sha256"]:
+                raise CacheCorruptError(f"{path} is missing or corrupt; delete {cache.folder} and rerun "
+                                        "`tracelock featurize`")
+
+
 def compare_cache(ref: Path, got: Path) -> dict:
     """A feature cache against the reference's, as data, item by item keyed by (trace id, step)."""
     import numpy as np
@@ -187,7 +200,7 @@ def compare_cache(ref: Path, got: Path) -> dict:
 
     def items(folder):
         cache = FeatureCache(folder)
-        cache.verify_all()
+        verify_cache(cache)
         return cache, {(cache[i]["trace_id"], cache[i]["step"]): i for i in range(len(cache))}
 
     ref_cache, ref_items = items(ref)

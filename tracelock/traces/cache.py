@@ -282,15 +282,6 @@ class FeatureCache:
             self._shards[s] = {f: self._load(shard, f) for f in shard["files"] if f != "items"}
         return self._shards[s]
 
-    def verify_all(self):
-        """Check every file of every shard against its sha256 (raises `CacheCorruptError`)."""
-        for shard in self.index["shards"]:
-            for field in shard["files"]:
-                path = self.folder / shard["files"][field]["file"]
-                if not path.is_file() or _sha256(path) != shard["files"][field]["sha256"]:
-                    raise CacheCorruptError(f"{path} is missing or corrupt; delete {self.folder} and rerun "
-                                            "`tracelock featurize`")
-
     def __len__(self) -> int:
         return len(self._items)
 
