@@ -1,5 +1,6 @@
 import importlib.util
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -11,6 +12,20 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+
+
+def _load_helper(name: str):
+    """tests/NAME.py as the module NAME, loaded once here, before any test file: tests/ is not on sys.path (pytest
+    runs with --import-mode=importlib), so the test files' ``from NAME import ...`` find this one copy."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# the scripted chat server of the judge tests (its `Sleep` entries are checked with isinstance: one copy only)
+chat_server = _load_helper("chat_server")
 
 
 @pytest.fixture(autouse=True)
@@ -70,10 +85,8 @@ def poisoned_empty(monkeypatch):
 
 @pytest.fixture
 def server():
-    """A scripted OpenAI-compatible chat server on loopback (`tracelock.testing_chat`)."""
-    from tracelock.testing_chat import chat_server
-
-    with chat_server() as srv:
+    """A scripted OpenAI-compatible chat server on loopback (tests/chat_server.py)."""
+    with chat_server.chat_server() as srv:
         yield srv
 
 

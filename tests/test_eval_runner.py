@@ -225,10 +225,11 @@ def test_paper_tables_one_command(setup, tmp_path):
 
 
 def test_qa_run_is_ranked_and_critiqued_by_an_http_judge(setup, tmp_path, server):
+    from chat_server import ranking_candidates  # tests/chat_server.py, loaded by conftest.py
+
     from tracelock.eval.judge_backends import HTTPJudge
     from tracelock.eval.judge_prompts import CRITIC_SYSTEM
     from tracelock.eval.judging import make_judge
-    from tracelock.testing_chat import ranking_candidates
 
     qa = tmp_path / "qa.jsonl"
     qa.write_text("".join(json.dumps(r) + "\n" for r in [

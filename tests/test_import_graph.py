@@ -22,7 +22,7 @@ LAYERS = [
     # foundations: no tracelock import above them
     ["tracelock.states", "tracelock.atomic", "tracelock.text", "tracelock.progress", "tracelock.distributed",
      "tracelock.sandbox", "tracelock.signals", "tracelock._triton", "tracelock._ext", "tracelock.integrity",
-     "tracelock.checks", "tracelock.cli_common", "tracelock.testing_chat", "tracelock.names"],
+     "tracelock.checks", "tracelock.cli_common", "tracelock.names"],
     # the ops, their self-check and the environment report that runs it
     ["tracelock.kernels", "tracelock.ops", "tracelock.selfcheck", "tracelock.selfcheck_inputs", "tracelock.env"],
     ["tracelock.models"],

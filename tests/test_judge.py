@@ -5,6 +5,7 @@ import json
 import socket
 
 import pytest
+from chat_server import Sleep, ranking_candidates  # tests/chat_server.py, loaded by conftest.py
 
 from tracelock.eval.judge import critic_rate, fractional_ranks, rank_systems, top_two_group
 from tracelock.eval.judge_backends import HTTPJudge, JudgeHTTPError, LocalJudge
@@ -17,7 +18,6 @@ from tracelock.eval.judge_prompts import (
     parse_verdict,
     ranking_messages,
 )
-from tracelock.testing_chat import Sleep, ranking_candidates
 
 IDS3 = ["candidate_1", "candidate_2", "candidate_3"]
 

@@ -1,5 +1,8 @@
 """A scripted OpenAI-compatible chat-completions server on loopback, for testing judges without a model.
 
+Loaded once by tests/conftest.py as the module ``chat_server`` (tests/ is not on sys.path: the tests run with
+``--import-mode=importlib``), so a test file's ``from chat_server import Sleep`` is the class the server checks for.
+
 ``with chat_server() as srv:`` serves ``POST /v1/chat/completions`` on 127.0.0.1 (a free port, ``srv.server_port``).
 Append replies to ``srv.script``: a str is the assistant's content, a ``(status, body[, headers])`` tuple a raw HTTP
 answer, a callable(request_body) returns an entry, a `Sleep` delays one; ``srv.requests`` records what arrived.
