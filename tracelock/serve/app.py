@@ -1,9 +1,10 @@
 """The FastAPI application: OpenAI's ``/v1/models``, ``/v1/completions`` and ``/v1/chat/completions`` (streamed as
 server-sent events with ``stream: true``), plus ``/health`` and ``/metrics``.
 
-Handlers only validate, tokenize and wait: decoding happens on the scheduler's thread, and its results arrive in a
-per-request asyncio queue. A client that disconnects (mid-stream, or while waiting for a whole answer) has its
-request cancelled, which frees its batch slot before the next step.
+The routes live in two routers: `tracelock.serve.generation` (the generation endpoints; handlers only validate,
+tokenize and wait, decoding happens on the scheduler's thread) and `tracelock.serve.info` (models, health,
+metrics). Both get the server's `ServerState` through a dependency (`tracelock.serve.state.server_state`) from
+``app.state.server``.
 
 A full server (``--max-batch`` decoding and ``--max-waiting`` queued) answers a new request 429 at once, and a
 server shutting down (SIGTERM: it finishes the requests it has, then exits) answers 503; both carry a
@@ -14,244 +15,31 @@ Responses follow OpenAI's shapes, with three additions: ``choices[i].token_ids``
 row) and ``policy`` (the policy that decoded it).
 """
 
-import asyncio
-import json
-import time
-from dataclasses import dataclass
-
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from tracelock.serve import generation, info
 from tracelock.serve.auth import RequireAPIKey
-from tracelock.serve.config import ServeConfig
-from tracelock.serve.protocol import APIError, ChatRequest, CompletionRequest, parse_body
-from tracelock.serve.scheduler import Result, Scheduler, Submission
+from tracelock.serve.protocol import APIError
+from tracelock.serve.state import ServerState
+
+__all__ = ["ServerState", "create_app"]
 
 
-@dataclass
-class ServerState:
-    config: ServeConfig
-    tokenizer: object
-    scheduler: Scheduler
-    metrics: object
-    mask_id: int
-    draining: bool = False  # SIGTERM came: the running requests finish, new ones are refused
-
-
-def _usage(result: Result | list, policy: str) -> dict:
-    """OpenAI's usage of one result or of a request's ``n`` (their tokens and steps summed)."""
-    results = result if isinstance(result, list) else [result]
-    done = sum(len(r.answer.token_ids) for r in results)
-    first = results[0]
-    return dict(prompt_tokens=first.prompt_tokens, completion_tokens=done, total_tokens=first.prompt_tokens + done,
-                gen_length=first.gen_length, steps=sum(r.steps for r in results), policy=policy)
-
-
-class _Endpoint:
-    """What differs between the two generation endpoints: how the prompt is built and how a choice looks."""
-
-    def __init__(self, name: str, request_model: type, object_name: str, chunk_name: str, id_prefix: str):
-        self.name, self.request_model = name, request_model
-        self.object_name, self.chunk_name, self.id_prefix = object_name, chunk_name, id_prefix
-
-    def prompt_ids(self, state: ServerState, request) -> tuple[list, str]:
-        """(token ids, the request field they came from)."""
-        from tracelock.text import encode_text
-
-        tok = state.tokenizer
-        if self.name == "completions":
-            return encode_text(tok, request.prompt), "prompt"
-        if not tok.chat_template:
-            raise APIError(400, "this model has no chat template; use /v1/completions", "messages")
-        messages = [{"role": m.role, "content": m.text} for m in request.messages]
-        try:
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception as err:  # the template's own refusal (e.g. roles it does not take)
-            raise APIError(400, f"the chat template refused these messages: {err}", "messages") from None
-        return tok(text, add_special_tokens=False)["input_ids"], "messages"
-
-    def choice(self, answer, delta: str | None = None, finish_reason=None, index: int = 0) -> dict:
-        """A whole answer's choice (the ``index``-th of a request's ``n``), or a stream chunk's (``delta`` set)."""
-        if self.name == "completions":
-            if delta is None:
-                return dict(index=index, text=answer.text, finish_reason=answer.finish_reason, logprobs=None,
-                            token_ids=answer.token_ids)
-            return dict(index=0, text=delta, finish_reason=finish_reason, logprobs=None)
-        if delta is None:
-            return dict(index=index, message=dict(role="assistant", content=answer.text),
-                        finish_reason=answer.finish_reason, logprobs=None, token_ids=answer.token_ids)
-        return dict(index=0, delta={} if finish_reason else dict(content=delta), finish_reason=finish_reason,
-                    logprobs=None)
-
-
-COMPLETIONS = _Endpoint("completions", CompletionRequest, "text_completion", "text_completion", "cmpl-")
-CHAT = _Endpoint("chat", ChatRequest, "chat.completion", "chat.completion.chunk", "chatcmpl-")
-
-
-def _emitter(loop, queue):
-    """What the decode thread calls with a request's events: a thread-safe put into its queue."""
-    def emit(event):
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, event)
-        except RuntimeError:  # the event loop has closed (the server is shutting down): nobody is waiting
-            pass
-    return emit
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client has gone away (the body is read, so the next message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+async def _http_error(request: Request, exc: HTTPException):
+    """Unknown routes and methods, answered OpenAI-style."""
+    return JSONResponse(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                                 type="invalid_request_error").body(), status_code=exc.status_code)
 
 
 def create_app(state: ServerState) -> FastAPI:
-    config, metrics = state.config, state.metrics
+    """The application of one server: its routers, reading ``state``, behind the API key when one is set."""
     app = FastAPI(title="tracelock", docs_url=None, redoc_url=None, openapi_url=None)
-    if config.api_key is not None:
-        app.add_middleware(RequireAPIKey, api_key=config.api_key, metrics=metrics)
-
-    def error_response(err: APIError, endpoint: str) -> JSONResponse:
-        metrics.inc("requests_total", endpoint=endpoint, outcome="error")
-        return JSONResponse(err.body(), status_code=err.status)
-
-    def refusal(status: int, message: str, code: str, endpoint: str) -> JSONResponse:
-        """429 (full) or 503 (shutting down), with the seconds to wait in Retry-After."""
-        metrics.inc("requests_total", endpoint=endpoint, outcome="refused")
-        seconds = state.scheduler.retry_after()
-        err = APIError(status, f"{message}; retry in {seconds} s", type="server_error" if status == 503 else
-                       "rate_limit_error", code=code)
-        return JSONResponse(err.body(), status_code=status, headers={"retry-after": str(seconds)})
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException):  # unknown routes and methods, OpenAI-style
-        return JSONResponse(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
-                                     type="invalid_request_error").body(), status_code=exc.status_code)
-
-    async def generate(request: Request, endpoint: _Endpoint):
-        if state.draining:
-            return refusal(503, "the server is shutting down", "shutting_down", endpoint.name)
-        try:
-            req = parse_body(endpoint.request_model, await request.body())
-            if req.model != config.model_name:
-                raise APIError(404, f"the model {req.model!r} does not exist; this server serves "
-                                    f"{config.model_name!r}", "model", code="model_not_found")
-            policy = config.policy(req.policy)
-            wanted = req.max_tokens if endpoint.name == "completions" else (req.max_completion_tokens or req.max_tokens)
-            param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
-            max_tokens, gen_length = config.gen_length(policy, wanted, param)
-            prompt, field = endpoint.prompt_ids(state, req)
-            if not prompt:
-                raise APIError(400, f"{field} encodes to no tokens; send some text", field)
-            if state.mask_id in prompt:
-                raise APIError(400, f"{field} contains the mask token (id {state.mask_id}); remove it", field)
-            config.check_prompt(len(prompt), gen_length, field)
-            # choice i of n samples with seed + i (greedy choices are one decode's, repeated)
-            seed = req.seed or 0
-            settings = [config.setting(policy, gen_length, req.temperature, seed + i, req.top_p, req.cut_top_k)
-                        for i in range(req.n)]
-        except APIError as err:
-            return error_response(err, endpoint.name)
-        loop = asyncio.get_running_loop()
-        distinct = list(dict.fromkeys(settings))
-        queues = [asyncio.Queue() for _ in distinct]
-        subs = [Submission(prompt=prompt, setting=setting, policy=policy, max_tokens=max_tokens, stops=req.stops,
-                           stream=req.stream, emit=_emitter(loop, queue)) for setting, queue in zip(distinct, queues)]
-        for k, sub in enumerate(subs):
-            if not state.scheduler.submit(sub):
-                for taken in subs[:k]:
-                    state.scheduler.cancel(taken)
-                return refusal(429, f"the server is full ({config.max_batch} requests decoding, "
-                                    f"{state.scheduler.max_waiting} waiting)", "server_full", endpoint.name)
-        head = dict(id=endpoint.id_prefix + subs[0].id, created=int(time.time()), model=config.model_name)
-        if req.stream:
-            return StreamingResponse(_stream(endpoint, subs[0], queues[0], head, policy.label),
-                                     media_type="text/event-stream")
-        which = [distinct.index(s) for s in settings]
-        return await _whole(request, endpoint, subs, queues, which, head, policy.label)
-
-    async def _whole(request, endpoint, subs, queues, which, head, policy):
-        """The answers of ``subs`` (one per distinct setting; choice i is ``which[i]``'s) as one response."""
-        watcher = asyncio.ensure_future(_disconnected(request))
-        results = []
-        try:
-            for queue in queues:
-                while True:
-                    getter = asyncio.ensure_future(queue.get())
-                    done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
-                    if getter not in done:  # the client went away: free the slots
-                        getter.cancel()
-                        for sub in subs:
-                            state.scheduler.cancel(sub)
-                        metrics.inc("requests_total", endpoint=endpoint.name, outcome="cancelled")
-                        return JSONResponse({}, status_code=499)
-                    kind, value = getter.result()
-                    if kind == "error":
-                        for sub in subs:
-                            state.scheduler.cancel(sub)
-                        return error_response(value, endpoint.name)
-                    if kind == "done":
-                        results.append(value)
-                        break
-            metrics.inc("requests_total", endpoint=endpoint.name, outcome="ok")
-            chosen = [results[k] for k in which]
-            return JSONResponse(dict(head, object=endpoint.object_name,
-                                     choices=[endpoint.choice(r.answer, index=i) for i, r in enumerate(chosen)],
-                                     usage=_usage(chosen, policy)))
-        finally:
-            watcher.cancel()
-
-    async def _stream(endpoint, sub, queue, head, policy):
-        def event(choice: dict, **extra) -> str:
-            return f"data: {json.dumps(dict(head, object=endpoint.chunk_name, choices=[choice], **extra))}\n\n"
-
-        finished = False
-        try:
-            if endpoint.name == "chat":  # OpenAI opens a chat stream with the role
-                yield event(dict(index=0, delta=dict(role="assistant", content=""), finish_reason=None,
-                                 logprobs=None))
-            while True:
-                kind, value = await queue.get()
-                if kind == "delta":
-                    yield event(endpoint.choice(None, value))
-                elif kind == "done":
-                    finished = True
-                    metrics.inc("requests_total", endpoint=endpoint.name, outcome="ok")
-                    yield event(endpoint.choice(None, "", value.answer.finish_reason), usage=_usage(value, policy))
-                    yield "data: [DONE]\n\n"
-                    return
-                else:
-                    finished = True
-                    metrics.inc("requests_total", endpoint=endpoint.name, outcome="error")
-                    yield f"data: {json.dumps(value.body())}\n\n"
-                    return
-        finally:
-            if not finished:  # the client went away mid-stream (the response task is cancelled): free the slot
-                state.scheduler.cancel(sub)
-                metrics.inc("requests_total", endpoint=endpoint.name, outcome="cancelled")
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await generate(request, COMPLETIONS)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await generate(request, CHAT)
-
-    @app.get("/v1/models")
-    async def models():
-        return dict(object="list", data=[dict(id=config.model_name, object="model", created=0, owned_by="tracelock",
-                                              max_model_len=config.max_positions, max_tokens=config.max_tokens,
-                                              policies=[p.label for p in config.policies])])
-
-    @app.get("/health")
-    async def health():
-        if state.scheduler.alive:
-            return dict(status="ok")
-        return JSONResponse(dict(status="error", error=repr(state.scheduler.error)), status_code=503)
-
-    @app.get("/metrics")
-    async def prometheus():
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
-
+    app.state.server = state
+    if state.config.api_key is not None:
+        app.add_middleware(RequireAPIKey, api_key=state.config.api_key, metrics=state.metrics)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.include_router(generation.router)
+    app.include_router(info.router)
     return app
