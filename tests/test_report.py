@@ -11,7 +11,7 @@ import pytest
 import tracelock
 from tracelock.cli import main
 from tracelock.eval.diagnostics import ControllerStepRecorder, divergence_over_items, write_controller_steps
-from tracelock.eval.report import summary_table, write_report
+from tracelock.eval.report import captioned_summary_table, write_report
 from tracelock.models import write_tiny_checkpoint
 from tracelock.recording.recorder import TraceRecorder, record
 from tracelock.testing import fresh_controller, random_prompts
@@ -139,10 +139,10 @@ def test_report_pair_and_missing_parts(run_dir, tmp_path):
     assert (partial / "report" / "acceptance.png").stat().st_size > 0
 
 
-def test_summary_table_formats(run_dir):
+def test_captioned_summary_table_formats(run_dir):
     manifest = json.loads((run_dir / "manifest.json").read_text())
     rows = [dict(setting="16/4", policy="tracelock", metric=2.5, metric_name="avg rank", avg_steps=9.25)]
-    table = summary_table(manifest, rows)
+    table = captioned_summary_table(manifest, rows)
     assert table.startswith("Cells: avg rank / average steps per item.")
     assert "| 16/4 | n/a | n/a | 2.50 / 9.2 |" in table and "| 16/8 | n/a | n/a | n/a |" in table
 

@@ -128,9 +128,9 @@ def _add_demo(sub):
 
 
 def _testbed_eval(args):
-    from tracelock.testbed.demo import run_eval
+    from tracelock.testbed.demo import run_testbed_eval
 
-    return run_eval(args)
+    return run_testbed_eval(args)
 
 
 def _add_testbed_eval(sub):

@@ -71,14 +71,15 @@ def _pairs(policies: list, pair: str | None) -> list:
     return [(by_label[labels[0]], by_label[labels[1]])]
 
 
-def summary_table(manifest: dict, rows: list) -> str:
-    """The paper-style table as markdown: a row per setting, a column per policy, cells "metric / avg steps"."""
-    from tracelock.eval.runner import summary_table as table
+def captioned_summary_table(manifest: dict, rows: list) -> str:
+    """The report's summary: a caption naming the metric, then the paper-style table as markdown
+    (`tracelock.eval.runner.summary_table`: a row per setting, a column per policy, cells "metric / avg steps")."""
+    from tracelock.eval.runner import summary_table
 
     name = next((r["metric_name"] for r in rows if r.get("metric_name")), "metric")
     unit = "" if "rank" in name else " (%)"
-    return (f"Cells: {name}{unit} / average steps per item.\n\n"
-            + table(rows, [s["label"] for s in manifest["settings"]], [p["label"] for p in manifest["policies"]]))
+    settings, policies = [s["label"] for s in manifest["settings"]], [p["label"] for p in manifest["policies"]]
+    return f"Cells: {name}{unit} / average steps per item.\n\n" + summary_table(rows, settings, policies)
 
 
 def _divergence_table(div) -> str:
@@ -157,7 +158,7 @@ def write_report(run_dir, out=None, *, pair: str | None = None, every: int = 16,
         md += ["**The generated code of this run ran without containment**, on the explicit opt-in "
                "(`--allow-uncontained-code` / `TRACELOCK_ALLOW_UNCONTAINED_CODE=1`): it could read and write what "
                "its user may; its items are marked `uncontained_code` in the per-item records.", ""]
-    md += ["## Summary", "", summary_table(manifest, rows), ""]
+    md += ["## Summary", "", captioned_summary_table(manifest, rows), ""]
 
     curves = {}
     for s in settings:

@@ -146,7 +146,7 @@ def _chosen_policies(policies: list, wanted, *, command: str = "tracelock testbe
     return [row for i, row in enumerate(policies) if i == 0 or row[0] in chosen] + extra
 
 
-def run_eval(args) -> int:
+def run_testbed_eval(args) -> int:
     """`tracelock testbed-eval`: the quality-vs-steps tables for several settings, saved as JSON and printed.
 
     Resumable per policy row: each finished row is written to ``--out`` at once (atomically), and the reference
