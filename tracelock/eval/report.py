@@ -132,14 +132,7 @@ def write_report(run_dir, out=None, *, pair: str | None = None, every: int = 16,
         items (int): trace grids to draw. Default: 3.
         grid_every (int): a trace-grid column every this many steps. Default: 1 (every step).
     """
-    from tracelock.eval import diagnostics as dx
-    from tracelock.eval import plots
-
-    for name, value in (("every", every), ("grid_every", grid_every)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"--{name.replace('_', '-')}={value!r} must be a positive int (steps)")
-    if isinstance(items, bool) or not isinstance(items, int) or items < 0:
-        raise ValueError(f"--items={items!r} must be a non-negative int (trace grids to draw)")
+    _check_report_options(every, grid_every, items)
     run_dir = Path(run_dir)
     manifest, rows = load_run(run_dir)
     pairs = _pairs(manifest["policies"], pair)
@@ -151,6 +144,27 @@ def write_report(run_dir, out=None, *, pair: str | None = None, every: int = 16,
         atomic_write_bytes(out / name, png)
         return f"![{caption}]({name})"
 
+    md = _header(run_dir, manifest) + ["## Summary", "", captioned_summary_table(manifest, rows), ""]
+    md += _acceptance(run, settings, save)
+    md += _divergences(run, pairs, settings, every, save)
+    md += _controller_plots(run, settings, save)
+    md += _grids(run, pairs, settings, items, grid_every, save)
+    if run.notes:
+        md += ["## Notes", ""] + [f"- {n}" for n in run.notes] + [""]
+    atomic_write_text(out / "report.md", "\n".join(md))
+    return out / "report.md"
+
+
+def _check_report_options(every, grid_every, items) -> None:
+    for name, value in (("every", every), ("grid_every", grid_every)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"--{name.replace('_', '-')}={value!r} must be a positive int (steps)")
+    if isinstance(items, bool) or not isinstance(items, int) or items < 0:
+        raise ValueError(f"--items={items!r} must be a non-negative int (trace grids to draw)")
+
+
+def _header(run_dir: Path, manifest: dict) -> list:
+    """Markdown lines: the title, the run's facts, and the uncontained-code warning when the run opted in."""
     title = f"# Report: {manifest.get('task', '?')} on {manifest.get('model', '?')}"
     facts = ", ".join(f"{k} {manifest[k]}" for k in ("n", "seed", "controller") if manifest.get(k) is not None)
     md = [title, "", f"Run folder `{run_dir}`" + (f"; {facts}." if facts else "."), ""]
@@ -158,19 +172,34 @@ def write_report(run_dir, out=None, *, pair: str | None = None, every: int = 16,
         md += ["**The generated code of this run ran without containment**, on the explicit opt-in "
                "(`--allow-uncontained-code` / `TRACELOCK_ALLOW_UNCONTAINED_CODE=1`): it could read and write what "
                "its user may; its items are marked `uncontained_code` in the per-item records.", ""]
-    md += ["## Summary", "", captioned_summary_table(manifest, rows), ""]
+    return md
+
+
+def _acceptance(run: _Run, settings: list, save) -> list:
+    """Markdown lines with the cumulative-acceptance figure (a panel per setting), when any policy has traces."""
+    from tracelock.eval import diagnostics as dx
+    from tracelock.eval import plots
 
     curves = {}
     for s in settings:
-        per_policy = {p["label"]: dx.cumulative_acceptance(t) for p in manifest["policies"]
+        per_policy = {p["label"]: dx.cumulative_acceptance(t) for p in run.manifest["policies"]
                       if (t := run.traces(s, p))}
         if per_policy:
             curves[s["label"]] = per_policy
-    if curves:
-        md += ["## Cumulative acceptance", "", "Share of generation positions committed after s steps, mean over "
-               "items (a finished item counts as fully committed).", "",
-               save("acceptance.png", plots.acceptance_figure(curves), "cumulative acceptance"), ""]
+    if not curves:
+        return []
+    return ["## Cumulative acceptance", "", "Share of generation positions committed after s steps, mean over "
+            "items (a finished item counts as fully committed).", "",
+            save("acceptance.png", plots.acceptance_figure(curves), "cumulative acceptance"), ""]
 
+
+def _divergences(run: _Run, pairs: list, settings: list, every: int, save) -> list:
+    """Markdown lines with each pair's divergence tables (one per setting) and figure, probed every ``every``
+    steps; a pair with no setting where both have traces is left out."""
+    from tracelock.eval import diagnostics as dx
+    from tracelock.eval import plots
+
+    md = []
     for a, b in pairs:
         per_setting = {s["label"]: dx.divergence_over_items(ta, tb, every) for s in settings
                        if (ta := run.traces(s, a)) and (tb := run.traces(s, b))}
@@ -184,10 +213,18 @@ def write_report(run_dir, out=None, *, pair: str | None = None, every: int = 16,
             md += [f"Setting {setting} ({div.items} items):", "", _divergence_table(div), ""]
         png = plots.divergence_figure(per_setting, f"Trace divergence: {a['label']} vs {b['label']}")
         md += [save(f"divergence-{a['slug']}-vs-{b['slug']}.png", png, "trace divergence"), ""]
+    return md
+
+
+def _controller_plots(run: _Run, settings: list, save) -> list:
+    """Markdown lines with the controller score against confidence and the learned threshold over steps, from the
+    policies' controller-step files; a TraceLock policy without them gets a note."""
+    from tracelock.eval import diagnostics as dx
+    from tracelock.eval import plots
 
     corr, thr = {}, {}
     for s in settings:
-        for p in manifest["policies"]:
+        for p in run.manifest["policies"]:
             files = sorted(run.folder(s, p).glob(CONTROLLER_STEPS_GLOB))
             if files:
                 steps = dx.ControllerSteps.concat(dx.read_controller_steps(f) for f in files)
@@ -196,17 +233,12 @@ def write_report(run_dir, out=None, *, pair: str | None = None, every: int = 16,
             elif p["name"] == "tracelock":
                 run.notes.append(f"no `{CONTROLLER_STEPS}` for {p['label']} at {s['label']}: its controller "
                                  "plots are left out")
-    if corr:
-        md += ["## Controller score vs confidence, and the learned threshold", "",
-               "Per step, over the active slots of every row decoded at that step.", "",
-               save("score-confidence.png", plots.correlation_figure(corr), "confidence vs controller score"), "",
-               save("threshold.png", plots.threshold_figure(thr), "learned threshold over steps"), ""]
-
-    md += _grids(run, pairs, settings, items, grid_every, save)
-    if run.notes:
-        md += ["## Notes", ""] + [f"- {n}" for n in run.notes] + [""]
-    atomic_write_text(out / "report.md", "\n".join(md))
-    return out / "report.md"
+    if not corr:
+        return []
+    return ["## Controller score vs confidence, and the learned threshold", "",
+            "Per step, over the active slots of every row decoded at that step.", "",
+            save("score-confidence.png", plots.correlation_figure(corr), "confidence vs controller score"), "",
+            save("threshold.png", plots.threshold_figure(thr), "learned threshold over steps"), ""]
 
 
 def _grids(run: _Run, pairs: list, settings: list, items: int, grid_every: int, save) -> list:
