@@ -251,34 +251,88 @@ def train(config: TrainConfig, *, cache=None, resume: bool = False) -> Path:
     return out
 
 
+@dataclass
+class _Run:
+    """One training run as `_setup` builds it: what a step, an evaluation and the final save read."""
+
+    config: TrainConfig
+    cache: object
+    out: Path
+    rank: int
+    world: int
+    device: torch.device
+    train_idx: np.ndarray
+    val_idx: np.ndarray
+    val_r: np.ndarray  # the fixed validation crop
+    model: Controller
+    net: torch.nn.Module  # the model, wrapped in DDP under torchrun
+    opt: torch.optim.Optimizer
+    info: dict  # config, best_f0_5, best_step, history (and step, when resumed): what state.json saves
+
+
 @torch.enable_grad()  # trains whatever the caller's grad mode (inside torch.no_grad() too)
 def _train(config: TrainConfig, cache, resume: bool, rank: int, world: int) -> Path:
-    if config.batch_size % world:
-        raise ValueError(f"batch_size={config.batch_size} must be divisible by the {world} ranks")
-    if cache is None:
-        from tracelock.traces.cache import FeatureCache
+    run = _setup(config, cache, resume, rank, world)
+    config, start = run.config, int(run.info.get("step", 0))
+    bar = _progress(config.steps, start, rank == 0)
+    run.model.train()
+    for step in range(start, config.steps):
+        loss = _step(run, step)
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item() / world:.4f}", best_f05=f"{run.info['best_f0_5']:.3f}", refresh=False)
+        done = step + 1
+        if done % config.eval_every == 0 or done == config.steps:
+            _evaluate(run, done, loss)
+    bar.close()
+    if rank == 0:
+        _finish(run.out, run.cache, run.val_idx, run.val_r, config, run.device, run.info)
+    if world > 1:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    return run.out
 
-        cache = FeatureCache(config.cache)
-        if config.mix_cache is not None:
-            from tracelock.train.mix import MixedCache
 
-            cache = MixedCache(cache, FeatureCache(config.mix_cache), config.alpha)
-    out = Path(config.out)
+def _open_cache(config: TrainConfig):
+    """The feature cache of ``config.cache`` (mixed with ``config.mix_cache`` when one is given)."""
+    from tracelock.traces.cache import FeatureCache
+
+    cache = FeatureCache(config.cache)
+    if config.mix_cache is not None:
+        from tracelock.train.mix import MixedCache
+
+        cache = MixedCache(cache, FeatureCache(config.mix_cache), config.alpha)
+    return cache
+
+
+def _check_out(out: Path, resume: bool, rank: int) -> bool:
+    """Whether the run resumes: a folder with a run needs ``resume``; ``resume`` on one without saved state starts."""
     if (out / "state.json").exists() and not resume:
         raise ValueError(f"{out} already holds a training run; pass --resume to continue it or a new --out")
     if resume and not (out / "state.json").exists():
         if rank == 0:
             print(f"tracelock train: {out} holds no saved state yet; starting the run", file=sys.stderr)
-        resume = False
+        return False
+    return resume
+
+
+def _device(config: TrainConfig, world: int) -> torch.device:
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and world > 1:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return device
+
+
+def _split(cache, config: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
     train_idx, val_idx = (np.asarray(i, np.int64) for i in cache.split(config.val_fraction, config.seed))
     if len(train_idx) == 0 or len(val_idx) == 0:
         raise ValueError(f"the cache's split gave {len(train_idx)} train / {len(val_idx)} validation items; "
                          "collect more traces or change --val-fraction")
-    val_r = validation_crop(val_idx, config.seed)
+    return train_idx, val_idx
 
+
+def _build_model(config: TrainConfig, cache, device) -> tuple[TrainConfig, ControllerConfig, Controller]:
+    """The controller to train (seeded, or warm-started from ``config.init``, whose architecture the returned
+    config then records)."""
     torch.manual_seed(config.seed)
     ccfg = ControllerConfig(code_dim=int(cache.code_dim), groups={k: list(v) for k, v in cache.groups.items()},
                             fingerprint=_cache_fingerprint(cache), **{k: getattr(config, k) for k in _ARCHITECTURE})
@@ -290,62 +344,82 @@ def _train(config: TrainConfig, cache, resume: bool, rank: int, world: int) -> P
         config = replace(config, **{k: getattr(model.config, k) for k in _ARCHITECTURE})
     if config.commit_rule is not None:
         model.config.commit_rule = commit_rule_named(config.commit_rule, ccfg.fingerprint)
+    return config, ccfg, model
+
+
+def _resumed_info(out: Path, config: TrainConfig, model, opt) -> dict:
+    """The saved state loaded into ``model`` and ``opt``, after checking the run's fixed settings are unchanged."""
+    info = _load_state(out, model, opt)
+    changed = [k for k in _FIXED if info["config"][k] != getattr(config, k)]
+    if changed:
+        raise ValueError(f"--resume with changed settings {changed}; resume with the run's settings "
+                         f"({ {k: info['config'][k] for k in changed} }) or start a new --out")
+    info["config"] = asdict(config)
+    return info
+
+
+def _setup(config: TrainConfig, cache, resume: bool, rank: int, world: int) -> _Run:
+    """Everything checked, opened, built and (with ``resume``) restored, before the first step."""
+    if config.batch_size % world:
+        raise ValueError(f"batch_size={config.batch_size} must be divisible by the {world} ranks")
+    if cache is None:
+        cache = _open_cache(config)
+    out = Path(config.out)
+    resume = _check_out(out, resume, rank)
+    device = _device(config, world)
+    train_idx, val_idx = _split(cache, config)
+    val_r = validation_crop(val_idx, config.seed)
+    config, ccfg, model = _build_model(config, cache, device)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     info = dict(config=asdict(config), best_f0_5=-1.0, best_step=None, history=[])
     if resume:
-        info = _load_state(out, model, opt)
-        changed = [k for k in _FIXED if info["config"][k] != getattr(config, k)]
-        if changed:
-            raise ValueError(f"--resume with changed settings {changed}; resume with the run's settings "
-                             f"({ {k: info['config'][k] for k in changed} }) or start a new --out")
-        info["config"] = asdict(config)
+        info = _resumed_info(out, config, model, opt)
     elif rank == 0:
         out.mkdir(parents=True, exist_ok=True)
     if config.encoder is not None and rank == 0:
         _copy_encoder(config.encoder, ccfg.fingerprint, out)
     net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    start = int(info.get("step", 0))
+    return _Run(config=config, cache=cache, out=out, rank=rank, world=world, device=device, train_idx=train_idx,
+                val_idx=val_idx, val_r=val_r, model=model, net=net, opt=opt, info=info)
+
+
+def _step(run: _Run, step: int) -> torch.Tensor:
+    """One optimiser step on this rank's slice of step ``step``'s global batch; returns the loss (times world)."""
+    config, world = run.config, run.world
     per_rank = config.batch_size // world
-    bar = _progress(config.steps, start, rank == 0)
-    model.train()
-    for step in range(start, config.steps):
-        idx, r = batch_items(train_idx, step, config.batch_size, config.seed)
-        mine = slice(rank * per_rank, (rank + 1) * per_rank)
-        batch = collate([cache[int(i)] for i in idx[mine]], r[mine], device)
-        torch.manual_seed(int(np.random.SeedSequence([config.seed, step, rank]).generate_state(1)[0]))
-        a, tau = net(batch["codes"], batch["state"], batch["key_mask"], batch["confidence"])
-        wbce, n, tau_sq = loss_terms(a, tau, batch["label"], batch["state"], batch["key_mask"], batch["eot"],
-                                     k=config.k, eot_weight=config.eot_weight)
-        n = n.float()
-        if world > 1:
-            torch.distributed.all_reduce(n)
-        # DDP averages gradients over ranks: scale by the world size so the sum over ranks is the global mean
-        loss = (wbce / n.clamp_min(1) + config.lambda_tau * tau_sq / config.batch_size) * world
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip)
-        opt.step()
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss.item() / world:.4f}", best_f05=f"{info['best_f0_5']:.3f}", refresh=False)
-        done = step + 1
-        if done % config.eval_every == 0 or done == config.steps:
-            if rank == 0:
-                scores, labels = controller_scores(model, cache, val_idx, val_r, config.batch_size, device)
-                f05 = metrics.f_beta(scores, labels)
-                info["history"].append(dict(step=done, loss=loss.item() / world, val_f0_5=f05))
-                if f05 > info["best_f0_5"]:
-                    info["best_f0_5"], info["best_step"] = f05, done
-                    model.save(out / "best.safetensors")
-                _save_state(out, done, model, opt, info)
-            if world > 1:
-                torch.distributed.barrier()
-    bar.close()
-    if rank == 0:
-        _finish(out, cache, val_idx, val_r, config, device, info)
+    idx, r = batch_items(run.train_idx, step, config.batch_size, config.seed)
+    mine = slice(run.rank * per_rank, (run.rank + 1) * per_rank)
+    batch = collate([run.cache[int(i)] for i in idx[mine]], r[mine], run.device)
+    torch.manual_seed(int(np.random.SeedSequence([config.seed, step, run.rank]).generate_state(1)[0]))
+    a, tau = run.net(batch["codes"], batch["state"], batch["key_mask"], batch["confidence"])
+    wbce, n, tau_sq = loss_terms(a, tau, batch["label"], batch["state"], batch["key_mask"], batch["eot"],
+                                 k=config.k, eot_weight=config.eot_weight)
+    n = n.float()
     if world > 1:
+        torch.distributed.all_reduce(n)
+    # DDP averages gradients over ranks: scale by the world size so the sum over ranks is the global mean
+    loss = (wbce / n.clamp_min(1) + config.lambda_tau * tau_sq / config.batch_size) * world
+    run.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(run.model.parameters(), config.clip)
+    run.opt.step()
+    return loss
+
+
+def _evaluate(run: _Run, done: int, loss: torch.Tensor) -> None:
+    """After step ``done``: rank 0 scores the validation crop, keeps the best checkpoint and saves the state."""
+    if run.rank == 0:
+        config, info = run.config, run.info
+        scores, labels = controller_scores(run.model, run.cache, run.val_idx, run.val_r, config.batch_size,
+                                           run.device)
+        f05 = metrics.f_beta(scores, labels)
+        info["history"].append(dict(step=done, loss=loss.item() / run.world, val_f0_5=f05))
+        if f05 > info["best_f0_5"]:
+            info["best_f0_5"], info["best_step"] = f05, done
+            run.model.save(run.out / "best.safetensors")
+        _save_state(run.out, done, run.model, run.opt, info)
+    if run.world > 1:
         torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-    return out
 
 
 def _warm_start(path, ccfg: ControllerConfig, device) -> Controller:
