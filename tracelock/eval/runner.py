@@ -336,42 +336,17 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
     """
     import torch
 
-    from tracelock.eval.tasks import make_task
     from tracelock.models import load_model, load_tokenizer
     from tracelock.models.quantize import check_quantize
-    from tracelock.recording.collect import model_fingerprint
 
     if schedule not in ("auto", "block", "window"):
         raise ValueError(f"schedule={schedule!r} must be auto, block or window")
     quantize = check_quantize(quantize, device, getattr(torch, dtype))  # before the folder records it
-    if any(p.name == "tracelock" and "controller" not in p.policy_args for p in policies) and controller is None:
-        raise ValueError("a tracelock policy needs --controller DIR (a `tracelock train --out` folder, or testbed / "
-                         "testbed-dream for a bundled model's shipped controller) or its own controller=DIR")
-    if any(p.name in ("l2p", "l2p-hidden") and "filters" not in p.args for p in policies) and l2p is None:
-        raise ValueError("an l2p policy needs --l2p DIR (a `tracelock train-l2p --out` folder) or filters=DIR in "
-                         "its token")
-    if batch_size < 1:
-        raise ValueError(f"--batch-size {batch_size} must be >= 1")
-    check_policies(policies, settings, schedule, controller=controller, l2p=l2p)
+    _check_arguments(policies, settings, schedule, batch_size, controller=controller, l2p=l2p)
     out = Path(out)
-    task = make_task(task_spec, seed=seed)
-    items = task.items(n)
-    sandbox = None
-    if task.runs_code:  # fail closed before anything loads or decodes: the error names the opt-in
-        from tracelock.sandbox import require_containment, sandbox_record
-
-        require_containment()
-        sandbox = sandbox_record()
-    manifest = dict(task=task_spec, metric_name=task.metric_name, model=str(model_path),
-                    model_fingerprint=model_fingerprint(model_path), n=len(items), seed=seed, schedule=schedule,
-                    controller=None if controller is None else str(controller),
-                    l2p=None if l2p is None else str(l2p), dtype=dtype,
-                    **({"quantize": quantize} if quantize else {}),
-                    policies=[dict(label=p.label, slug=p.slug, name=p.name, args=p.args,
-                                   schedule=schedule_kind(p, schedule)) for p in policies],
-                    settings=[dict(label=s.label, slug=s.slug, gen_length=s.gen_length, width=s.width)
-                              for s in settings],
-                    versions=dict(torch=torch.__version__), **({"sandbox": sandbox} if sandbox else {}))
+    task, items, sandbox = _open_task(task_spec, n, seed)
+    manifest = _manifest(model_path, task_spec, task, len(items), policies, settings, seed=seed, schedule=schedule,
+                         controller=controller, l2p=l2p, dtype=dtype, quantize=quantize, sandbox=sandbox)
     # one writer per rank and folder: a second eval into the same --out is refused, not interleaved
     with folder_lock(out, f"lock-rank{rank}"):
         if rank == 0:
@@ -393,28 +368,81 @@ def run_eval(model_path, task_spec: str, policies: list, settings: list, out, *,
             torch.distributed.barrier()
         if rank != 0:
             return None
-        from tracelock.traces.store import build_index
+        return _finish_run(out, task, policies, settings, judge=judge, seed=seed, progress=progress)
 
-        if judge is not None:
-            from tracelock.eval.judging import judge_run
 
-            judge_run(out, judge, seed=seed, progress=progress)
-        for setting in settings:  # one index over every rank's shards
-            for policy in policies:
-                if (out / "runs" / setting.slug / policy.slug / "traces").exists():
-                    build_index(out / "runs" / setting.slug / policy.slug / "traces")
-        # summary.json covers every (setting, policy) the folder holds, also those of earlier calls
-        manifest = json.loads((out / "manifest.json").read_text())
-        rows = [summarize(out / "runs" / s["slug"] / p["slug"], s["label"], p["label"], task.metric_name)
-                for s in manifest["settings"] for p in manifest["policies"]
-                if (out / "runs" / s["slug"] / p["slug"]).exists()]
-        if task.judged:
-            from tracelock.eval.judging import apply_judgements
+def _check_arguments(policies: list, settings: list, schedule: str, batch_size: int, *, controller, l2p) -> None:
+    """`run_eval`'s policies and batch size, checked before anything loads: the folders a policy needs, then
+    every policy built at every setting (`check_policies`)."""
+    if any(p.name == "tracelock" and "controller" not in p.policy_args for p in policies) and controller is None:
+        raise ValueError("a tracelock policy needs --controller DIR (a `tracelock train --out` folder, or testbed / "
+                         "testbed-dream for a bundled model's shipped controller) or its own controller=DIR")
+    if any(p.name in ("l2p", "l2p-hidden") and "filters" not in p.args for p in policies) and l2p is None:
+        raise ValueError("an l2p policy needs --l2p DIR (a `tracelock train-l2p --out` folder) or filters=DIR in "
+                         "its token")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size {batch_size} must be >= 1")
+    check_policies(policies, settings, schedule, controller=controller, l2p=l2p)
 
-            rows = apply_judgements(out, rows, manifest["settings"])
-        _write_summary(out, rows, manifest.get("sandbox"))
-        remove_stale_temps(out, recursive=True)  # every rank is done: what is left is a killed writer's
-        wanted = {(s.label, p.label) for s in settings for p in policies}
-        rows = [r for r in rows if (r["setting"], r["policy"]) in wanted]
-        return rows
 
+def _open_task(task_spec: str, n, seed: int) -> tuple:
+    """(task, its ``n`` items drawn with ``seed``, the sandbox record or None). A task that runs generated code
+    fails closed here, before anything loads or decodes, unless it is contained or the user opted out."""
+    from tracelock.eval.tasks import make_task
+
+    task = make_task(task_spec, seed=seed)
+    items = task.items(n)
+    sandbox = None
+    if task.runs_code:  # fail closed before anything loads or decodes: the error names the opt-in
+        from tracelock.sandbox import require_containment, sandbox_record
+
+        require_containment()
+        sandbox = sandbox_record()
+    return task, items, sandbox
+
+
+def _manifest(model_path, task_spec: str, task, n: int, policies: list, settings: list, *, seed, schedule,
+              controller, l2p, dtype, quantize, sandbox) -> dict:
+    """What ``manifest.json`` records of a run (`_check_manifest` compares a resumed run's)."""
+    import torch
+
+    from tracelock.recording.collect import model_fingerprint
+
+    return dict(task=task_spec, metric_name=task.metric_name, model=str(model_path),
+                model_fingerprint=model_fingerprint(model_path), n=n, seed=seed, schedule=schedule,
+                controller=None if controller is None else str(controller),
+                l2p=None if l2p is None else str(l2p), dtype=dtype,
+                **({"quantize": quantize} if quantize else {}),
+                policies=[dict(label=p.label, slug=p.slug, name=p.name, args=p.args,
+                               schedule=schedule_kind(p, schedule)) for p in policies],
+                settings=[dict(label=s.label, slug=s.slug, gen_length=s.gen_length, width=s.width)
+                          for s in settings],
+                versions=dict(torch=torch.__version__), **({"sandbox": sandbox} if sandbox else {}))
+
+
+def _finish_run(out: Path, task, policies: list, settings: list, *, judge, seed, progress) -> list:
+    """Rank 0, once every rank has decoded: judge (when asked), index the traces, write the summary of everything
+    the folder holds; returns the rows of this call's settings and policies."""
+    from tracelock.traces.store import build_index
+
+    if judge is not None:
+        from tracelock.eval.judging import judge_run
+
+        judge_run(out, judge, seed=seed, progress=progress)
+    for setting in settings:  # one index over every rank's shards
+        for policy in policies:
+            if (out / "runs" / setting.slug / policy.slug / "traces").exists():
+                build_index(out / "runs" / setting.slug / policy.slug / "traces")
+    # summary.json covers every (setting, policy) the folder holds, also those of earlier calls
+    manifest = json.loads((out / "manifest.json").read_text())
+    rows = [summarize(out / "runs" / s["slug"] / p["slug"], s["label"], p["label"], task.metric_name)
+            for s in manifest["settings"] for p in manifest["policies"]
+            if (out / "runs" / s["slug"] / p["slug"]).exists()]
+    if task.judged:
+        from tracelock.eval.judging import apply_judgements
+
+        rows = apply_judgements(out, rows, manifest["settings"])
+    _write_summary(out, rows, manifest.get("sandbox"))
+    remove_stale_temps(out, recursive=True)  # every rank is done: what is left is a killed writer's
+    wanted = {(s.label, p.label) for s in settings for p in policies}
+    return [r for r in rows if (r["setting"], r["policy"]) in wanted]
