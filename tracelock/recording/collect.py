@@ -157,17 +157,12 @@ def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=Non
     from tracelock.models import load_model, load_tokenizer
     from tracelock.progress import progress_bar
     from tracelock.recording.recorder import Recording
-    from tracelock.tasks import score
     from tracelock.text import decode_answer, encode_prompt
 
     start = time.perf_counter()
     if block is None and window is None:
         block = 8
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be >= 1")
-    check_decoding(policy, policy_args, gen_length, block, window)  # before the folder is made or the model loads
-    if not 0 < fraction <= 1:
-        raise ValueError(f"--fraction {fraction} must lie in (0, 1]: the share of each row's steps to record")
+    _check_arguments(policy, policy_args, gen_length, block, window, batch_size=batch_size, fraction=fraction)
     filters = filters or TraceFilterConfig()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -183,14 +178,7 @@ def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=Non
         tokenizer = load_tokenizer(model_path)
         end_ids = model.spec.end_ids
 
-        shards_written, exit_after = [0], int(os.environ.get(_EXIT_AFTER_SHARDS, "0"))
-
-        def on_shard(entry):
-            shards_written[0] += 1
-            if shards_written[0] == exit_after:
-                os._exit(86)
-
-        writer = TraceWriter(out, shard_size=shard_size, prefix=f"rank{rank}", on_shard=on_shard)
+        writer = TraceWriter(out, shard_size=shard_size, prefix=f"rank{rank}", on_shard=_exit_hook())
         done = writer.done_ids() | stored_ids(out, exclude=writer.prefix)
         seconds_before = writer.extra.get("seconds", 0.0)
         mine = items[rank::world_size]
@@ -210,17 +198,7 @@ def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=Non
             completions = [decode_answer(tokenizer, t.final.tolist(), end_ids) for t in traces]
             reasons = _filter_reasons(chunk, traces, completions, end_ids, filters)
             writer.extra["seconds"] = seconds_before + time.perf_counter() - start
-            for it, trace, text, reason in zip(chunk, traces, completions, reasons):
-                if it.id in done:
-                    continue
-                if reason is not None:
-                    writer.skip(it.id, reason)
-                    continue
-                if it.example is not None and it.meta["task"] != "code":
-                    trace.meta["correct"] = bool(score(it.example, text))
-                elif it.example is not None and filters.enabled and filters.run_tests:
-                    trace.meta["correct"] = True  # a kept code answer passed its hidden tests
-                writer.add(trace)
+            _store_batch(writer, chunk, traces, completions, reasons, done, filters)
             bar.update(len(chunk))
         bar.close()
         writer.extra["seconds"] = seconds_before + time.perf_counter() - start
@@ -232,6 +210,48 @@ def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=Non
         summary = _summarize(out, len(items), settings, world_size)
         remove_stale_temps(out)  # every rank is done: a temporary file left now is a killed writer's
         return summary
+
+
+def _check_arguments(policy: str, policy_args, gen_length: int, block, window, *, batch_size: int,
+                     fraction: float) -> None:
+    """`collect`'s decoding options, checked before the folder is made or the model loads."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    check_decoding(policy, policy_args, gen_length, block, window)
+    if not 0 < fraction <= 1:
+        raise ValueError(f"--fraction {fraction} must lie in (0, 1]: the share of each row's steps to record")
+
+
+def _exit_hook():
+    """The writer's ``on_shard`` for the testing hook: exit hard (like a kill) once as many shards are written as
+    the ``TRACELOCK_COLLECT_EXIT_AFTER_SHARDS`` environment variable says (never when it is unset)."""
+    shards_written, exit_after = [0], int(os.environ.get(_EXIT_AFTER_SHARDS, "0"))
+
+    def on_shard(entry):
+        shards_written[0] += 1
+        if shards_written[0] == exit_after:
+            os._exit(86)
+
+    return on_shard
+
+
+def _store_batch(writer: TraceWriter, chunk: list, traces: list, completions: list, reasons: list, done: set,
+                 filters: TraceFilterConfig) -> None:
+    """A decoded batch into the writer: items done before are left alone, filtered rows are recorded as skipped
+    (with their reason), and kept rows are stored, marked ``correct`` where the item can be scored."""
+    from tracelock.tasks import score
+
+    for it, trace, text, reason in zip(chunk, traces, completions, reasons):
+        if it.id in done:
+            continue
+        if reason is not None:
+            writer.skip(it.id, reason)
+            continue
+        if it.example is not None and it.meta["task"] != "code":
+            trace.meta["correct"] = bool(score(it.example, text))
+        elif it.example is not None and filters.enabled and filters.run_tests:
+            trace.meta["correct"] = True  # a kept code answer passed its hidden tests
+        writer.add(trace)
 
 
 def _summarize(out: Path, num_items: int, settings: dict, world_size: int) -> dict:
