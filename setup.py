@@ -103,19 +103,41 @@ def _optional_build_ext(base, required):
 ext_modules, cmdclass = _extensions()
 
 # `pip install -e .` puts setuptools' finder for tracelock after Python's path search, so a folder named tracelock in
-# the current directory (a clone, run from the folder above it) would win as an empty namespace package ("module
-# 'tracelock' has no attribute 'load_model'"). One more .pth line, read after setuptools' own, asks that finder
-# first. Where a setuptools release has no such hook the install is the plain editable one.
-EDITABLE_FIRST = ("import sys; sys.meta_path.sort(key=lambda f: not getattr(f, '__module__', '')"
-                  ".startswith('__editable___tracelock_'))\n")
+# the current directory (a clone, used from the folder above it) would win as an empty namespace package ("module
+# 'tracelock' has no attribute 'load_model'"). The editable wheel gets one more module and .pth line: a finder asked
+# first that, where the path search finds only such a folder, hands the import to setuptools' finder. A real package
+# in the current directory (another checkout) still wins, as Python's own rule has it. Where a setuptools release has
+# no such hook the install is the plain editable one.
+EDITABLE_GUARD = """\"\"\"tracelock installed editable: an empty folder named tracelock does not shadow it.\"\"\"
+import sys
+from importlib.machinery import PathFinder
+
+
+class EmptyFolderGuard:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name != "tracelock":
+            return None
+        spec = PathFinder.find_spec(name, path)
+        if spec is None or spec.origin is not None:  # nothing, or a real package: Python's own rule
+            return None
+        for finder in sys.meta_path:  # only a namespace portion (a folder without __init__.py)
+            if getattr(finder, "__module__", "").startswith("__editable___tracelock_"):
+                return finder.find_spec(name, path, target)
+        return None
+
+
+if EmptyFolderGuard not in sys.meta_path:
+    sys.meta_path.insert(0, EmptyFolderGuard)
+"""
 try:
     from setuptools.command.editable_wheel import editable_wheel
 except ImportError:  # setuptools < 64: no PEP 660 editable installs
     editable_wheel = None
 if editable_wheel is not None and hasattr(editable_wheel, "_select_strategy"):
 
-    class _FinderFirst:
-        """setuptools' strategy, writing the .pth line after its own files."""
+    class _WithGuard:
+        """setuptools' strategy, writing the guard beside its own files."""
 
         def __init__(self, strategy):
             self.strategy = strategy
@@ -129,13 +151,14 @@ if editable_wheel is not None and hasattr(editable_wheel, "_select_strategy"):
 
         def __call__(self, wheel, files, mapping):
             self.strategy(wheel, files, mapping)
-            wheel.writestr("__editable__.tracelock-finder-first.pth", EDITABLE_FIRST.encode())
+            wheel.writestr("_tracelock_editable_guard.py", EDITABLE_GUARD.encode())
+            wheel.writestr("_tracelock_editable_guard.pth", b"import _tracelock_editable_guard\n")
 
-    class EditableFinderFirst(editable_wheel):
+    class EditableWithGuard(editable_wheel):
         def _select_strategy(self, name, tag, build_lib):
-            return _FinderFirst(super()._select_strategy(name, tag, build_lib))
+            return _WithGuard(super()._select_strategy(name, tag, build_lib))
 
-    cmdclass["editable_wheel"] = EditableFinderFirst
+    cmdclass["editable_wheel"] = EditableWithGuard
 
 # optional extras; the versions CI tests are pinned in constraints.txt
 SERVE = ["fastapi>=0.110", "uvicorn>=0.29", "openai>=1.30"]

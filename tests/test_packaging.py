@@ -37,9 +37,13 @@ def test_bare_kernels_import_fails(tmp_path):
 
 def test_a_folder_named_tracelock_in_the_working_directory_does_not_shadow_the_package(tmp_path):
     """A clone named tracelock, used from the folder above it: Python's path search finds that folder first (an empty
-    namespace package). The installed package still wins: the editable install's finder is asked first."""
+    namespace package). The installed package still wins; a real package there (another checkout) wins as Python's
+    rule has it."""
     (tmp_path / "tracelock" / "tracelock").mkdir(parents=True)  # the clone's root and its package folder
-    done = subprocess.run([sys.executable, "-c", "import tracelock; print(tracelock.__file__); tracelock.load_model"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    probe = "import tracelock; print(tracelock.__file__); print(hasattr(tracelock, 'load_model'))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert Path(done.stdout.strip()).resolve() == REPO / "tracelock" / "__init__.py"
+    assert done.stdout.split() == [str(REPO / "tracelock" / "__init__.py"), "True"]
+    (tmp_path / "tracelock" / "__init__.py").write_text("")  # now a package of its own
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.stdout.split() == [str(tmp_path / "tracelock" / "__init__.py"), "False"], done.stderr
