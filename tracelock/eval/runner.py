@@ -87,7 +87,8 @@ def parse_policies(text: str, option: str = "--policies") -> list[PolicySpec]:
     without soft-crop (every generation position in one region). So are the KV cache's ``cache=prefix|dual``,
     ``refresh_every=S`` and ``refresh_shift=R`` (`fused_generate`'s arguments), e.g. ``threshold:tau=0.9:cache=prefix``.
     """
-    from tracelock.cli_common import did_you_mean, expand_policy_list
+    from tracelock.cli_common import expand_policy_list
+    from tracelock.text import did_you_mean
 
     specs = []
     for label, name, pairs in expand_policy_list(text, option=option):

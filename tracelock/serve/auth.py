@@ -23,7 +23,7 @@ def bearer_token(headers: list) -> bytes | None:
     return None
 
 
-# the endpoint label of the generation routes' counters (tracelock.serve.app); any other /v1 path counts as "other"
+# the endpoint label of the generation routes' counters (serve/generation.py); any other /v1 path counts as "other"
 ENDPOINT_LABELS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
 
