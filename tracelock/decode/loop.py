@@ -61,6 +61,37 @@ def _per_row(commits: list, B: int) -> list:
 
 
 @torch.no_grad()
+def _kv_cache(model, settings, schedule, policy, tap_project, rows: int, length: int):
+    """The run's `DecodeKVCache`, or None without ``settings.cache``."""
+    if settings.cache is None:
+        return None
+    return DecodeKVCache(settings, schedule, rows=rows, length=length, spec=model.spec, dtype=model.dtype,
+                         tap_layout=verbs.tap_layout(policy, model, tap_project), device=model.device)
+
+
+def _forward_region(forward, kv, policy, rows, region) -> tuple:
+    """The live rows' forward for their commit region, through the KV cache where there is one: (head, taps)."""
+    # the controller sees the sequence cropped at the region's right end: taps of [0, T)
+    T = int(region.hi.max()) if policy.needs_taps else None
+    if kv is not None:
+        return kv.step(forward, rows, region.query(), region.lo, region.hi, T)
+    tap_pos = torch.arange(T, device=rows.device).expand(len(rows), -1) if policy.needs_taps else None
+    head, taps, _ = forward(rows, region.query(), tap_pos)
+    return head, taps
+
+
+def _vocab_pass(policy, vocab_ops, head, memory: dict, rows, region, state, region_step):
+    """A rule's vocabulary pass (`Policy.vocab_pass`) on the live rows' slice of its memory, written back after; None
+    for a rule that reads no vocabulary."""
+    if not policy.reads_vocab:
+        return None
+    row_memory = {k: v[rows] for k, v in memory.items()}
+    vocab = verbs.vocab_pass(policy, vocab_ops, head, row_memory, region, state, region_step)
+    for k, v in row_memory.items():
+        memory[k][rows] = v
+    return vocab
+
+
 def run_decode(model, input_ids, settings: DecodeSettings, *, attention_mask=None, apply_commits, skip_finished_blocks,
                window_logits_stats=None, tap_project=None, commit_step=None, kernels=None, observer=None,
                vocab_ops=None):
@@ -93,9 +124,7 @@ def run_decode(model, input_ids, settings: DecodeSettings, *, attention_mask=Non
                                                          cfg_scale=cfg_scale, filtered=settings.filtered)
     forward = partial(verbs.forward_rows, model, canvas, cfg_scale=cfg_scale, window_logits_stats=window_logits_stats,
                       tap_project=tap_project, kernels=kernels)
-    kv = None if cache is None else DecodeKVCache(
-        settings, schedule, rows=B, length=L, spec=spec, dtype=model.dtype,
-        tap_layout=verbs.tap_layout(policy, model, tap_project), device=device)
+    kv = _kv_cache(model, settings, schedule, policy, tap_project, B, L)
     commit_step = None if observer is not None else commit_step
     # a rule's memory across steps (`Policy.memory_spec`), one entry per row; {} for a rule without
     memory = verbs.allocate_memory(policy, B, verbs.memory_width(policy, schedule, cache), spec, device)
@@ -112,25 +141,14 @@ def run_decode(model, input_ids, settings: DecodeSettings, *, attention_mask=Non
         if forwards == budget:
             raise verbs.budget_error(policy, forwards)
         region = verbs.commit_region(schedule, counters.block_idx[rows], first_active[rows], L, lookahead)
-        # the controller sees the sequence cropped at the region's right end: taps of [0, T)
-        T = int(region.hi.max()) if policy.needs_taps else None
-        if kv is None:
-            tap_pos = torch.arange(T, device=device).expand(len(rows), -1) if policy.needs_taps else None
-            head, taps, _ = forward(rows, region.query(), tap_pos)
-        else:
-            head, taps = kv.step(forward, rows, region.query(), region.lo, region.hi, T)
+        head, taps = _forward_region(forward, kv, policy, rows, region)
         signals = verbs.step_signals(head, spec=spec, from_stats=window_logits_stats is not None,
                                      temperature=temperature, generator=generator, top_p=settings.top_p,
                                      top_k=settings.top_k)
         x, state = canvas.x[rows], canvas.state[rows]
         mask = None if canvas.attention_mask is None else canvas.attention_mask[rows]
         row_counters = counters.take(rows)
-        vocab = None
-        if policy.reads_vocab:
-            row_memory = {k: v[rows] for k, v in memory.items()}
-            vocab = verbs.vocab_pass(policy, vocab_ops, head, row_memory, region, state, row_counters.region_step)
-            for k, v in row_memory.items():
-                memory[k][rows] = v
+        vocab = _vocab_pass(policy, vocab_ops, head, memory, rows, region, state, row_counters.region_step)
         inp = verbs.step_input(signals, region, state, row_counters, schedule, steps_per_region=S, rows=rows,
                                taps=taps, folded=tap_project is not None, attention_mask=mask, vocab=vocab)
         observe = None if observer is None else _recorder(observer, rows, counters.steps[rows], x, state, inp)
