@@ -82,12 +82,7 @@ def specs(family: str, gen: int) -> dict:
 
 
 def _eval(argv: list) -> int:
-    """`tracelock eval` with every registered policy name accepted by the spec grammar (the CLI's name list
-    predates the new rules)."""
-    import tracelock.cli_common as cc
-    from tracelock.policies import POLICIES
-
-    cc.POLICY_NAMES = tuple(sorted(set(cc.POLICY_NAMES) | set(POLICIES)))
+    """`tracelock eval`, in this process."""
     from tracelock.cli import main
 
     return main(["eval", *argv]) or 0
