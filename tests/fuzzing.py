@@ -57,7 +57,7 @@ def assert_safe_echo(line: str) -> None:
     """An error line holds no character a terminal acts on (`UNSAFE_CATEGORIES`) but the newline that ends it: a
     value it names is escaped (``'0\\r'``, ``0\\x1b[2J``), not echoed raw."""
     raw = [c for c in line.rstrip("\n") if unicodedata.category(c) in UNSAFE_CATEGORIES]
-    fix = "escape it, e.g. with repr or tracelock.cli_common.safe_echo"
+    fix = "escape it, e.g. with repr or tracelock.cli_parser.safe_echo"
     assert not raw, f"echoes {''.join(raw)!r} raw ({fix}): {line!r}"
 
 

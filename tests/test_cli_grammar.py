@@ -11,7 +11,10 @@ import sys
 import pytest
 
 from tracelock.cli import build_parser, main
-from tracelock.cli_common import POLICY_NAMES, HelpFormatter, physical_cores, split_tasks
+from tracelock.cli_options import split_tasks
+from tracelock.cli_parser import HelpFormatter
+from tracelock.cli_threads import physical_cores
+from tracelock.policy_specs import POLICY_NAMES
 
 PARSER = build_parser()
 # `lm-eval` hands every argument, --help included, to lm-eval's own command line (tests/test_lm_eval_model.py)
@@ -228,7 +231,7 @@ def test_eval_with_several_tasks_writes_a_run_folder_each(tmp_path):
 
 
 def test_the_rules_since_fastdllm_in_the_grammar():
-    from tracelock.cli_common import expand_policy_list, parse_policy_spec, policy_and_args
+    from tracelock.policy_specs import expand_policy_list, parse_policy_spec, policy_and_args
     from tracelock.text import did_you_mean
 
     # none (or JSON's null) is None: an optional argument left unset; a name or path stays a string

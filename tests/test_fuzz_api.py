@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tracelock
-from tracelock.cli_common import POLICY_NAMES
+from tracelock.policy_specs import POLICY_NAMES
 
 _spec = importlib.util.spec_from_file_location("fuzzing", Path(__file__).with_name("fuzzing.py"))
 fuzzing = importlib.util.module_from_spec(_spec)

@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tracelock
-from tracelock.cli_common import POLICY_NAMES
 from tracelock.eval.runner import build_policy, parse_policies
+from tracelock.policy_specs import POLICY_NAMES
 from tracelock.serve.config import parse_served_policies
 
 _spec = importlib.util.spec_from_file_location("fuzzing", Path(__file__).with_name("fuzzing.py"))

@@ -22,7 +22,8 @@ LAYERS = [
     # foundations: no tracelock import above them
     ["tracelock.states", "tracelock.atomic", "tracelock.text", "tracelock.progress", "tracelock.distributed",
      "tracelock.sandbox", "tracelock.signals", "tracelock._triton", "tracelock._ext", "tracelock.integrity",
-     "tracelock.checks", "tracelock.cli_common", "tracelock.names"],
+     "tracelock.checks", "tracelock.cli_parser", "tracelock.cli_values",
+     "tracelock.cli_threads", "tracelock.policy_specs", "tracelock.cli_options", "tracelock.names"],
     # the ops, their self-check and the environment report that runs it
     ["tracelock.kernels", "tracelock.ops", "tracelock.selfcheck", "tracelock.selfcheck_inputs", "tracelock.env"],
     ["tracelock.models"],

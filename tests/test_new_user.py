@@ -14,8 +14,9 @@ import torch
 
 import tracelock
 from tracelock import cli
-from tracelock.cli_common import policy_and_args, threads_for_load
+from tracelock.cli_threads import threads_for_load
 from tracelock.models.spec import CheckpointError
+from tracelock.policy_specs import policy_and_args
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,15 +129,15 @@ def test_a_busy_machine_gets_fewer_threads_and_a_word(threads, default, load, wa
                                                         (False, "env", False), (False, "report", False)])
 def test_the_busy_machine_notice_is_said_once_not_with_quiet_nor_for_commands_that_decode_nothing(
         capsys, monkeypatch, quiet, command, said):
-    from tracelock import cli_common
-    from tracelock.cli_common import NOTICE_ENV, apply_runtime_options
+    from tracelock import cli_threads
+    from tracelock.cli_threads import NOTICE_ENV, apply_runtime_options
     from tracelock.progress import QUIET_ENV
 
     # what it sets for this process is put back afterwards: the quiet switch, the thread variables, torch's threads
     for name in (QUIET_ENV, "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.setenv(name, os.environ.get(name, "1" if name != QUIET_ENV else "0"))
     monkeypatch.delenv(NOTICE_ENV, raising=False)
-    monkeypatch.setattr(cli_common, "machine_load", lambda cores: 64.0)  # a machine busy now
+    monkeypatch.setattr(cli_threads, "machine_load", lambda cores: 64.0)  # a machine busy now
     threads = torch.get_num_threads()
     try:
         for _ in range(2):  # twice in one run (a process it starts): said once
@@ -328,7 +329,7 @@ def test_one_list_grammar_for_policies_sweeps_and_the_server(capsys):
 
 
 def test_a_shared_option_is_described_in_the_same_words_everywhere():
-    from tracelock.cli_common import OPTIONS, option_help
+    from tracelock.cli_options import OPTIONS, option_help
 
     seen = {}
     for command, parser in _commands().choices.items():
@@ -357,18 +358,18 @@ def test_the_top_level_help_lists_the_commands_as_the_readme_groups_them():
 def thread_rule(monkeypatch):
     """The API's thread rule afresh on a machine whose every core is busy with other work; torch's thread count put
     back afterwards."""
-    from tracelock import api, cli_common
+    from tracelock import api, cli_threads
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(api, "_threads_checked", False)
-    monkeypatch.setattr(cli_common, "machine_load", lambda cores: float(cores))
+    monkeypatch.setattr(cli_threads, "machine_load", lambda cores: float(cores))
     threads = torch.get_num_threads()
     yield api
     torch.set_num_threads(threads)
 
 
 def test_the_api_lowers_torchs_default_threads_on_a_busy_machine_and_says_so_once(thread_rule, capsys):
-    from tracelock.cli_common import physical_cores
+    from tracelock.cli_threads import physical_cores
 
     cores = physical_cores()
     torch.set_num_threads(cores)  # torch's default: the count nobody chose
@@ -384,7 +385,7 @@ def test_the_api_lowers_torchs_default_threads_on_a_busy_machine_and_says_so_onc
 
 
 def test_the_api_keeps_a_chosen_thread_count_and_calls_it_out(thread_rule, capsys):
-    from tracelock.cli_common import physical_cores
+    from tracelock.cli_threads import physical_cores
 
     chosen = physical_cores() + 1
     torch.set_num_threads(chosen)
@@ -399,19 +400,19 @@ def test_the_api_leaves_the_threads_of_omp_num_threads_alone(thread_rule, monkey
 
 
 def test_a_run_that_just_ended_does_not_cost_the_next_one_its_threads(monkeypatch):
-    from tracelock import cli_common
+    from tracelock import cli_threads
 
     def stat(busy, idle):
         return "cpu  9 9 9 9\n" + "".join(f"cpu{i} {busy} 0 0 {idle} 0 0 0 0\n" for i in range(2))
 
-    assert cli_common.busy_cores(stat(100, 100), stat(102, 198), {0, 1}, 2) == pytest.approx(0.04)
-    assert cli_common.busy_cores(stat(100, 100), stat(200, 100), {0, 1}, 2) == pytest.approx(2.0)
+    assert cli_threads.busy_cores(stat(100, 100), stat(102, 198), {0, 1}, 2) == pytest.approx(0.04)
+    assert cli_threads.busy_cores(stat(100, 100), stat(200, 100), {0, 1}, 2) == pytest.approx(2.0)
     # the 1-minute average still holds the run that just ended; the CPUs, sampled now, are idle: the sample wins
     monkeypatch.setattr(os, "getloadavg", lambda: (1.9, 1.0, 0.4))
-    monkeypatch.setattr(cli_common, "busy_cores", lambda *args: 0.1)
-    assert cli_common.machine_load(2) == 0.1 and threads_for_load(None, 2, 2, cli_common.machine_load(2)) == (2, None)
-    monkeypatch.setattr(cli_common, "busy_cores", lambda *args: 1.9)  # busy now too: the rule applies
-    assert threads_for_load(None, 2, 2, cli_common.machine_load(2))[0] == 1
+    monkeypatch.setattr(cli_threads, "busy_cores", lambda *args: 0.1)
+    assert cli_threads.machine_load(2) == 0.1 and threads_for_load(None, 2, 2, cli_threads.machine_load(2)) == (2, None)
+    monkeypatch.setattr(cli_threads, "busy_cores", lambda *args: 1.9)  # busy now too: the rule applies
+    assert threads_for_load(None, 2, 2, cli_threads.machine_load(2))[0] == 1
 
 
 def test_python_near_misses_name_the_fix():

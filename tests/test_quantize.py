@@ -51,7 +51,7 @@ def cli_error(argv, capsys):
 
 
 def test_the_cli_formats_are_the_modules():
-    from tracelock.cli_common import QUANTIZE_FORMATS
+    from tracelock.cli_options import QUANTIZE_FORMATS
 
     assert QUANTIZE_FORMATS == tuple(quantize.FORMATS)
 

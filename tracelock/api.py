@@ -2,7 +2,7 @@
 do before they decode (`entry_settings`): their `DecodeSettings`, built and checked once, and the checks it cannot
 make, with the command line's care: a named policy and its arguments (the CLI's spec spelling pointed at
 ``policy_args``, "did you mean" for a name or an argument, every value error prefixed with its policy), and the
-thread rule the CLI applies (`tracelock.cli_common.threads_for_load`), said once on stderr."""
+thread rule the CLI applies (`tracelock.cli_threads.threads_for_load`), said once on stderr."""
 
 import inspect
 import os
@@ -12,7 +12,8 @@ from dataclasses import replace
 import torch
 
 from tracelock.checks import check_decode_inputs
-from tracelock.cli_common import physical_cores, safe_echo, threads_for_load
+from tracelock.cli_parser import safe_echo
+from tracelock.cli_threads import physical_cores, threads_for_load
 from tracelock.decode.settings import settings_from
 from tracelock.policies import POLICIES, make_policy, policy_args_for
 from tracelock.text import did_you_mean
@@ -84,7 +85,7 @@ def apply_thread_rule() -> str | None:
     _threads_checked = True
     if os.environ.get("OMP_NUM_THREADS", "").strip():  # the user's, or the CLI's, which has applied the rule
         return None
-    from tracelock.cli_common import machine_load
+    from tracelock.cli_threads import machine_load
 
     cores, current = physical_cores(), torch.get_num_threads()
     chosen = None if current in (cores, os.cpu_count()) else current

@@ -13,9 +13,7 @@ import os
 import sys
 
 from tracelock import __version__
-from tracelock.cli_common import (
-    MAX_WORKERS,
-    Parser,
+from tracelock.cli_options import (
     add_allow_uncontained,
     add_batch_size,
     add_device,
@@ -27,14 +25,17 @@ from tracelock.cli_common import (
     add_runtime_options,
     add_schedule,
     add_settings,
-    apply_runtime_options,
+    option_help,
+)
+from tracelock.cli_parser import Parser, safe_echo
+from tracelock.cli_threads import apply_runtime_options
+from tracelock.cli_values import (
+    MAX_WORKERS,
     bounded_int,
     existing_file,
     nonneg_float,
-    option_help,
     output_file,
     positive_int,
-    safe_echo,
     seed_int,
     thread_count,
     workers_int,
@@ -322,7 +323,7 @@ _USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, NotAD
 
 def _gen_lengths(args) -> list:
     """(generation length, the option that asks for it) of every one the command's options ask for."""
-    from tracelock.cli_common import check_settings
+    from tracelock.cli_options import check_settings
 
     lengths = [(getattr(args, "gen_length", None), "--gen-length")]
     if getattr(args, "settings", None):

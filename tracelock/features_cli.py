@@ -70,7 +70,7 @@ def _featurize(args):
 
 
 def _add_common(p):
-    from tracelock.cli_common import add_batch_size, add_device, add_model, add_model_dtype
+    from tracelock.cli_options import add_batch_size, add_device, add_model, add_model_dtype
 
     p.add_argument("--traces", required=True, help="trace store folder (`tracelock collect --out`)")
     add_model(p, extra="the backbone the traces were decoded with")
@@ -80,7 +80,8 @@ def _add_common(p):
 
 
 def add_parsers(sub):
-    from tracelock.cli_common import MAX_COUNT, add_alias, bounded_int, positive_int, seed_int, width_int
+    from tracelock.cli_parser import add_alias
+    from tracelock.cli_values import MAX_COUNT, bounded_int, positive_int, seed_int, width_int
 
     p = sub.add_parser("fit-encoder", help="fit the hidden/delta feature encoders on replayed trace steps")
     _add_common(p)

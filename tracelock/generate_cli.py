@@ -7,13 +7,13 @@ import torch
 
 from tracelock import ops
 from tracelock.api import check_named_policy
-from tracelock.cli_common import policy_and_args
 from tracelock.decode.schedule import validate_schedule
 from tracelock.decode.settings import DecodeSettings
 from tracelock.generate import fused_generate
 from tracelock.models import load_model, load_tokenizer
 from tracelock.models.loading import resolve_path
 from tracelock.policies import POLICIES, check_policy, make_policy, policy_args_for
+from tracelock.policy_specs import policy_and_args
 from tracelock.progress import progress_bar
 from tracelock.text import answer_ids, encode_prompt, read_prompt_rows
 

@@ -25,7 +25,7 @@ def notice_oversubscription(load: float | None = None, cores: int | None = None)
     Returns the notice printed, if any."""
     global _load_noticed
     threads = os.environ.get("OMP_NUM_THREADS", "")
-    said = os.environ.get("TRACELOCK_LOAD_NOTICED")  # the CLI's notice at the start (`cli_common.NOTICE_ENV`)
+    said = os.environ.get("TRACELOCK_LOAD_NOTICED")  # the CLI's notice at the start (`cli_threads.NOTICE_ENV`)
     if _load_noticed or not threads.isdigit() or int(threads) < 2 or said or quiet():
         return None
     if load is None:

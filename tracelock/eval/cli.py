@@ -5,7 +5,7 @@ from pathlib import Path
 
 
 def run_eval_cli(args) -> int:
-    from tracelock.cli_common import split_tasks
+    from tracelock.cli_options import split_tasks
     from tracelock.distributed import torchrun_group
     from tracelock.eval.judging import check_judge_args, make_judge
     from tracelock.eval.runner import parse_policies, parse_settings, run_eval, slug, summary_table
@@ -35,14 +35,8 @@ def run_eval_cli(args) -> int:
 
 def add_run_arguments(p) -> None:
     """Decoding options shared by `eval` and `paper-tables`."""
-    from tracelock.cli_common import (
-        add_allow_uncontained,
-        add_batch_size,
-        add_device,
-        add_model_dtype,
-        seed_int,
-        workers_int,
-    )
+    from tracelock.cli_options import add_allow_uncontained, add_batch_size, add_device, add_model_dtype
+    from tracelock.cli_values import seed_int, workers_int
 
     add_batch_size(p, default=32)
     p.add_argument("--seed", type=seed_int, default=0,
@@ -54,7 +48,9 @@ def add_run_arguments(p) -> None:
 
 
 def add_parsers(sub) -> None:
-    from tracelock.cli_common import add_alias, add_model, add_quantize, add_settings, option_help, positive_int
+    from tracelock.cli_options import add_model, add_quantize, add_settings, option_help
+    from tracelock.cli_parser import add_alias
+    from tracelock.cli_values import positive_int
 
     p = sub.add_parser("eval", help="every policy on the same prompts: metric and steps per setting (resumable, "
                                     "torchrun-ready)")

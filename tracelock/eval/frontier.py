@@ -103,18 +103,18 @@ def _number(text: str, where: str):
 
 def _value(text: str):
     """A fixed argument: JSON (numbers, true/false) where it parses, None for ``none``, else the text (a path, a name):
-    `tracelock.cli_common.spec_value`, as every command reads a spec's value."""
-    from tracelock.cli_common import spec_value
+    `tracelock.policy_specs.spec_value`, as every command reads a spec's value."""
+    from tracelock.policy_specs import spec_value
 
     return spec_value(text)
 
 
 def parse_sweep(text: str) -> Sweep:
     """``name[:knob=v1,v2,...][:key=value...][:curve=TITLE]``; a bare ``name`` takes its `DEFAULT_SWEEPS` grid. The
-    values of one key are the list grammar of every command (`tracelock.cli_common.policy_groups`): the points of a
+    values of one key are the list grammar of every command (`tracelock.policy_specs.policy_groups`): the points of a
     sweep are what ``--policies name:knob=v1,v2`` runs as policies."""
-    from tracelock.cli_common import policy_groups
     from tracelock.policies import POLICIES
+    from tracelock.policy_specs import policy_groups
     from tracelock.text import did_you_mean
 
     try:
@@ -418,7 +418,7 @@ def format_summary(result: dict) -> str:
 
 
 def _run(args) -> int:
-    from tracelock.cli_common import split_tasks
+    from tracelock.cli_options import split_tasks
     from tracelock.extras import require_extra
 
     require_extra("report", "frontier", "draws frontier.png")
@@ -438,7 +438,7 @@ def _run(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    from tracelock.cli_common import (
+    from tracelock.cli_options import (
         add_allow_uncontained,
         add_batch_size,
         add_device,
@@ -448,9 +448,8 @@ def add_parsers(sub) -> None:
         add_quantize,
         add_settings,
         option_help,
-        seed_int,
-        workers_int,
     )
+    from tracelock.cli_values import seed_int, workers_int
 
     p = sub.add_parser("frontier", help="quality against steps along each policy's knob; steps at the reference "
                                         "accuracy (resumable)")
@@ -489,7 +488,7 @@ def add_parsers(sub) -> None:
 
 def _sweeps_of_policies(args) -> None:
     """``--policies a:knob=v1,v2,b`` as ``--sweep a:knob=v1,v2 --sweep b``; one of the two spellings is required."""
-    from tracelock.cli_common import policy_groups
+    from tracelock.policy_specs import policy_groups
 
     if args.policies is not None:
         for name, _, pairs, listed, values in policy_groups(args.policies, option="--policies"):

@@ -129,7 +129,7 @@ def run_tables(model, controller, tasks: list[str], out, *, l2p=None, lengths=(6
 
 
 def run_tables_cli(args) -> int:
-    from tracelock.cli_common import split_tasks
+    from tracelock.cli_options import split_tasks
     from tracelock.distributed import torchrun_group
     from tracelock.progress import status
 
@@ -147,7 +147,7 @@ def run_tables_cli(args) -> int:
 
 
 def _ints(text: str, arg: str) -> list[int]:
-    from tracelock.cli_common import MAX_GEN_LENGTH
+    from tracelock.cli_values import MAX_GEN_LENGTH
 
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -159,7 +159,9 @@ def _ints(text: str, arg: str) -> list[int]:
 
 
 def add_parsers(sub) -> None:
-    from tracelock.cli_common import add_alias, add_model, option_help, positive_int
+    from tracelock.cli_options import add_model, option_help
+    from tracelock.cli_parser import add_alias
+    from tracelock.cli_values import positive_int
     from tracelock.eval.cli import add_run_arguments
 
     p = sub.add_parser("paper-tables", help="the paper's main, generalisation and deployment-ablation tables "

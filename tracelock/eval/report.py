@@ -289,7 +289,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--out", help="output folder (default: RUN_DIR/report)")
     p.add_argument("--pair", help='two policy labels to compare, "label A,label B" (default: the first policy '
                                   "against each other one)")
-    from tracelock.cli_common import bounded_int, positive_int
+    from tracelock.cli_values import bounded_int, positive_int
 
     p.add_argument("--every", type=positive_int, default=16, help="divergence probe interval in steps (default 16)")
     p.add_argument("--items", type=bounded_int(100, "a plot each"), default=3, help="trace grids to draw (default 3)")

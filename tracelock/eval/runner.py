@@ -72,22 +72,22 @@ class Setting:
 
 
 def _value(text: str):
-    """A spec's value, as every command reads one (`tracelock.cli_common.spec_value`: JSON, ``none``, else text)."""
-    from tracelock.cli_common import spec_value
+    """A spec's value, as every command reads one (`tracelock.policy_specs.spec_value`: JSON, ``none``, else text)."""
+    from tracelock.policy_specs import spec_value
 
     return spec_value(text)
 
 
 def parse_policies(text: str, option: str = "--policies") -> list[PolicySpec]:
     """``name[:key=value[:key=value]]`` comma-separated, e.g. ``confidence,threshold:tau=0.9,tracelock,oracle``;
-    ``threshold:tau=0.9,0.7`` is one policy per value (`tracelock.cli_common.expand_policy_list`, the one list
+    ``threshold:tau=0.9,0.7`` is one policy per value (`tracelock.policy_specs.expand_policy_list`, the one list
     grammar of every command).
 
     ``schedule=block|window|full`` is the runner's, not the policy's: e.g. ``tracelock:schedule=full`` is TraceLock
     without soft-crop (every generation position in one region). So are the KV cache's ``cache=prefix|dual``,
     ``refresh_every=S`` and ``refresh_shift=R`` (`fused_generate`'s arguments), e.g. ``threshold:tau=0.9:cache=prefix``.
     """
-    from tracelock.cli_common import expand_policy_list
+    from tracelock.policy_specs import expand_policy_list
     from tracelock.text import did_you_mean
 
     specs = []
@@ -112,7 +112,7 @@ def parse_policies(text: str, option: str = "--policies") -> list[PolicySpec]:
 
 def parse_settings(text: str) -> list[Setting]:
     """``GEN/WIDTH`` comma-separated, e.g. ``128/32,256/64``."""
-    from tracelock.cli_common import check_settings
+    from tracelock.cli_options import check_settings
 
     return [Setting(gen, width) for gen, width in check_settings(text)]
 

@@ -66,17 +66,8 @@ def _save_encoder(encoder, folder) -> None:
 
 
 def add_parsers(sub):
-    from tracelock.cli_common import (
-        add_batch_size,
-        add_device,
-        add_model,
-        add_model_dtype,
-        gen_length_int,
-        option_help,
-        positive_int,
-        seed_int,
-        width_int,
-    )
+    from tracelock.cli_options import add_batch_size, add_device, add_model, add_model_dtype, option_help
+    from tracelock.cli_values import gen_length_int, positive_int, seed_int, width_int
 
     p = sub.add_parser("train-l2p", help="train a Learn2PD filter (one block size) from a trace store")
     p.add_argument("--traces", required=True, help="trace store (`tracelock collect --block N --out`)")

@@ -70,7 +70,7 @@ def load_items(spec: str, num: int | None, seed: int = 0) -> list[Item]:
 def _testbed_tasks(spec: str) -> tuple[list[str], str]:
     """``testbed:math,testbed:code@validation`` (or ``testbed:math,code@validation``) -> (["math", "code"],
     "validation")."""
-    from tracelock.cli_common import split_tasks
+    from tracelock.cli_options import split_tasks
 
     names, splits = [], set()
     for task in split_tasks(spec):
@@ -271,8 +271,8 @@ def _summarize(out: Path, num_items: int, settings: dict, world_size: int) -> di
 
 def run_collect(args) -> int:
     """The CLI: reads torchrun's RANK / WORLD_SIZE / LOCAL_RANK, initialises gloo only when WORLD_SIZE > 1."""
-    from tracelock.cli_common import policy_and_args
     from tracelock.distributed import torchrun_group
+    from tracelock.policy_specs import policy_and_args
 
     filters = TraceFilterConfig(min_tokens=args.min_tokens, run_tests=not args.no_tests, enabled=not args.no_filters)
     policy, policy_args = policy_and_args(args.policy, args.policy_arg)
@@ -291,20 +291,9 @@ def run_collect(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    from tracelock.cli_common import (
-        MAX_BATCH,
-        MAX_GEN_LENGTH,
-        add_alias,
-        add_batch_size,
-        add_device,
-        add_model,
-        add_model_dtype,
-        add_policy,
-        add_schedule,
-        bounded_int,
-        positive_int,
-        seed_int,
-    )
+    from tracelock.cli_options import add_batch_size, add_device, add_model, add_model_dtype, add_policy, add_schedule
+    from tracelock.cli_parser import add_alias
+    from tracelock.cli_values import MAX_BATCH, MAX_GEN_LENGTH, bounded_int, positive_int, seed_int
 
     p = sub.add_parser("collect", help="decode prompts, filter, store canonical traces (resumable; torchrun-ready)")
     add_model(p)

@@ -217,16 +217,8 @@ def _rl(args):
 
 
 def add_parsers(sub):
-    from tracelock.cli_common import (
-        add_device,
-        add_limit,
-        add_model,
-        add_setting_spelling,
-        bounded_int,
-        gen_length_int,
-        positive_int,
-        seed_int,
-    )
+    from tracelock.cli_options import add_device, add_limit, add_model, add_setting_spelling
+    from tracelock.cli_values import bounded_int, gen_length_int, positive_int, seed_int
 
     p = sub.add_parser("rl", help="refine a controller with group-relative policy gradients (resumable)")
     add_model(p)

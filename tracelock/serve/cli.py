@@ -33,7 +33,7 @@ def _listening_socket(host: str, port: int) -> socket.socket:
 
 
 def _gen_lengths(text: str | None):
-    from tracelock.cli_common import MAX_GEN_LENGTH
+    from tracelock.cli_values import MAX_GEN_LENGTH
 
     if text is None:
         return None
@@ -49,7 +49,8 @@ def _gen_lengths(text: str | None):
 def served_policies_text(args) -> tuple[str, str]:
     """(the allowed policies' specs, the option that gave them): ``--policies`` (a list), or ``--policy`` as before:
     one spec, or, deprecated, a list (its old meaning)."""
-    from tracelock.cli_common import expand_policy_list, warn_deprecated
+    from tracelock.cli_parser import warn_deprecated
+    from tracelock.policy_specs import expand_policy_list
 
     policies, policy = getattr(args, "policies", None), getattr(args, "policy", None)
     if policies is not None and policy is not None:
@@ -68,7 +69,7 @@ def served_policies_text(args) -> tuple[str, str]:
 
 def serve_config(args, max_positions: int):
     """The `ServeConfig` of the command line (checked before the model loads)."""
-    from tracelock.cli_common import MAX_BATCH, MAX_COUNT, MAX_GEN_LENGTH
+    from tracelock.cli_values import MAX_BATCH, MAX_COUNT, MAX_GEN_LENGTH
     from tracelock.serve.config import ServeConfig, parse_served_policies
 
     if args.default_max_tokens is None:
@@ -218,15 +219,8 @@ def run_serve(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    from tracelock.cli_common import (
-        add_device,
-        add_model,
-        add_model_dtype,
-        add_quantize,
-        bounded_int,
-        gen_length_int,
-        option_help,
-    )
+    from tracelock.cli_options import add_device, add_model, add_model_dtype, add_quantize, option_help
+    from tracelock.cli_values import bounded_int, gen_length_int
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching at step granularity")
     add_model(p)
@@ -298,7 +292,7 @@ def add_parsers(sub) -> None:
 def _one_grammar(args) -> None:
     """Every decoding command's spellings of the setting: ``--gen-length N`` is ``--gen-lengths N``, ``--settings
     64/16,128/16`` is ``--gen-lengths 64,128 --block 16``."""
-    from tracelock.cli_common import check_settings
+    from tracelock.cli_options import check_settings
 
     given = [o for o, v in (("--gen-length", args.gen_length), ("--settings", args.settings),
                             ("--gen-lengths", args.gen_lengths)) if v is not None]

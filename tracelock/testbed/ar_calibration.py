@@ -98,7 +98,8 @@ def _run(args):
 
 
 def add_parsers(sub):
-    from tracelock.cli_common import add_limit, option_help, positive_int, seed_int, thread_count
+    from tracelock.cli_options import add_limit, option_help
+    from tracelock.cli_values import positive_int, seed_int, thread_count
 
     p = sub.add_parser("testbed-ar-calibration",
                        help="train the testbed backbone autoregressively and score it (a yardstick for testbed-train)")

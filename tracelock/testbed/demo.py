@@ -8,10 +8,12 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from tracelock.atomic import atomic_write, atomic_write_json
-from tracelock.cli_common import POLICY_NAMES, expand_policy_list, spec_value, testbed_task_names, warn_deprecated
+from tracelock.cli_options import testbed_task_names
+from tracelock.cli_parser import warn_deprecated
 from tracelock.models import load_model, load_tokenizer
 from tracelock.models.loading import resolve_path
 from tracelock.models.spec import ModelSpec
+from tracelock.policy_specs import POLICY_NAMES, expand_policy_list, spec_value
 from tracelock.progress import progress_bar, status
 from tracelock.tasks import draw, held_out
 from tracelock.testbed.evaluate import (

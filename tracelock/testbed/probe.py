@@ -153,7 +153,8 @@ def _run(args):
 
 
 def add_parsers(sub):
-    from tracelock.cli_common import add_limit, add_model, output_file
+    from tracelock.cli_options import add_limit, add_model
+    from tracelock.cli_values import output_file
 
     p = sub.add_parser("testbed-probe", help="per-token-class accuracy of a testbed model with one answer token "
                                              "masked (which skills it lacks); JSON on stdout")

@@ -33,7 +33,7 @@ PRESETS = {
 
 
 def add_parsers(sub):
-    from tracelock.cli_common import bounded_int
+    from tracelock.cli_values import bounded_int
 
     p = sub.add_parser("train", help="train the TraceLock controller on a feature cache (DDP under torchrun)")
     p.add_argument("--cache", required=True, help="feature cache folder (`tracelock featurize`)")
@@ -46,7 +46,8 @@ def add_parsers(sub):
                    help="paper (default): the paper's controller and schedule; testbed: the recipe chosen for the "
                         "bundled models (width 64, 2 layers, confidence input, 2000 steps, batch 32, commit rule "
                         "hold-end); options given explicitly override it")
-    from tracelock.cli_common import add_device, batch_int, positive_int, seed_int, width_int
+    from tracelock.cli_options import add_device
+    from tracelock.cli_values import batch_int, positive_int, seed_int, width_int
 
     sized = {"batch-size": batch_int, "width": width_int, "ffn": width_int, "layers": bounded_int(256, "layers"),
              "heads": bounded_int(1024, "heads"), "steps": positive_int, "eval-every": positive_int, "seed": seed_int}

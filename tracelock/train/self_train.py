@@ -84,17 +84,8 @@ def _self_train(args):
 
 
 def add_parsers(sub):
-    from tracelock.cli_common import (
-        add_device,
-        add_limit,
-        add_model,
-        add_setting_spelling,
-        batch_int,
-        gen_length_int,
-        option_help,
-        positive_int,
-        seed_int,
-    )
+    from tracelock.cli_options import add_device, add_limit, add_model, add_setting_spelling, option_help
+    from tracelock.cli_values import batch_int, gen_length_int, positive_int, seed_int
 
     p = sub.add_parser("self-train", help="deployment-aware self-training: on-policy traces, mixed with the "
                                           "original pool, warm-started training")
