@@ -171,6 +171,21 @@ def test_fused_impl_names_map_to_each_op(model, monkeypatch):
         tracelock.fused_generate(model, prompts, policy="confidence", gen_length=G, block=8)
 
 
+@pytest.mark.parametrize("generate", ["fused_generate", "reference_generate"])
+def test_decoding_builds_no_autograd_graph(model, generate):
+    """The loop runs under no_grad, whether or not the caller's weights require grad (a graph over every step's
+    forward would hold each step's activations)."""
+    seen = []
+    hook = model.embed.register_forward_hook(lambda mod, args, out: seen.append(torch.is_grad_enabled()))
+    model.requires_grad_(True)
+    try:
+        getattr(tracelock, generate)(model, random_prompts(model)[:1], policy="confidence", gen_length=G, block=8)
+    finally:
+        hook.remove()
+        model.requires_grad_(False)
+    assert seen and not any(seen)
+
+
 def test_seeded_sampling_is_reproducible(model):
     prompts = random_prompts(model)
     runs = [tracelock.fused_generate(model, prompts, policy="random", gen_length=G, temperature=0.8, seed=s)[0]

@@ -60,7 +60,6 @@ def _per_row(commits: list, B: int) -> list:
     return per_row
 
 
-@torch.no_grad()
 def _kv_cache(model, settings, schedule, policy, tap_project, rows: int, length: int):
     """The run's `DecodeKVCache`, or None without ``settings.cache``."""
     if settings.cache is None:
@@ -92,6 +91,7 @@ def _vocab_pass(policy, vocab_ops, head, memory: dict, rows, region, state, regi
     return vocab
 
 
+@torch.no_grad()
 def run_decode(model, input_ids, settings: DecodeSettings, *, attention_mask=None, apply_commits, skip_finished_blocks,
                window_logits_stats=None, tap_project=None, commit_step=None, kernels=None, observer=None,
                vocab_ops=None):
