@@ -107,7 +107,8 @@ def run(cells: list, n: int, work: Path, only: list | None = None, results: Path
     for family, task, setting in cells:
         gen = int(setting.split("/")[0])
         curves = specs(family, gen)
-        committed = _committed(results / f"{_cell_name(family, task, setting)}.json", n) if only is None else {}
+        ids, committed = _committed(results / f"{_cell_name(family, task, setting)}.json", n) if only is None else (
+            None, {})
         wanted = [s for c, ss in curves.items() if only is None or c in only for s in ss
                   if f"{c}/{parse_policies(s)[0].slug}" not in committed]
         folder = work / _cell_name(family, task, setting)
@@ -136,7 +137,7 @@ def run(cells: list, n: int, work: Path, only: list | None = None, results: Path
                 if len(got) != n:
                     raise SystemExit(f"{spec}: {len(got)} of {n} items decoded")
                 per_point[f"{curve}/{policy.slug}"] = got
-        rec = _merge(committed, compact_records(per_point) if per_point else None, curves)
+        rec = _merge(ids, committed, compact_records(per_point) if per_point else None, curves)
         rec = dict(what=f"{family} {task} {setting}, validation split, {n} items drawn with seed {SEED}",
                    model=FAMILIES[family]["model"], task=f"testbed:{task}@validation", setting=setting, n=n,
                    seed=SEED, specs=curves, **rec)
@@ -147,24 +148,22 @@ def run(cells: list, n: int, work: Path, only: list | None = None, results: Path
         print(f"wrote {results / (_cell_name(family, task, setting) + '.json')}", flush=True)
 
 
-def _committed(path: Path, n: int) -> dict:
-    """The points already in a cell's committed records ({label: compact record, plus "ids"}), to decode only the
-    points a grid gained since; {} where there is none. A record of another item count is refused."""
+def _committed(path: Path, n: int) -> tuple:
+    """(ids, {label: compact record}) of a cell's committed records, to decode only the points a grid gained since;
+    (None, {}) where there is none. A record of another item count is refused."""
     if not path.exists():
-        return {}
+        return None, {}
     rec = json.loads(path.read_text())
     if rec["n"] != n:
         raise SystemExit(f"{path} holds n={rec['n']}, not --n {n}: pass --n {rec['n']} or another --results")
-    return dict(rec["points"], ids=rec["ids"])
+    return rec["ids"], rec["points"]
 
 
-def _merge(committed: dict, fresh: dict | None, curves: dict) -> dict:
-    """One compact record of the committed points and the freshly decoded ones, in the specs' order. The committed
-    ids are the items every committed point holds; a fresh point must hold each of them (the same draw)."""
+def _merge(ids: list | None, committed: dict, fresh: dict | None, curves: dict) -> dict:
+    """One compact record of the committed points (over ``ids``, the items every one of them holds) and the freshly
+    decoded ones, in the specs' order; a fresh point must hold each committed item (the same draw)."""
     from tracelock.eval.runner import parse_policies
 
-    committed = dict(committed)
-    ids = committed.pop("ids", None)
     points = dict(committed)
     if fresh is not None:
         if ids is not None and not set(ids) <= set(fresh["ids"]):

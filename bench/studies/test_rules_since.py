@@ -96,24 +96,24 @@ def test_the_committed_summary_is_recomputed_from_the_records():
 def test_a_grown_grid_decodes_only_its_new_points_and_keeps_the_committed_ones(tmp_path):
     path = _cell(tmp_path / "cells", 0.1, 0.1) / "llada-math-64-16.json"
     before = json.loads(path.read_text())
-    committed = rs._committed(path, 400)
-    assert committed["ids"] == before["ids"] and "credit/credit-tau-0.5" in committed
+    ids, committed = rs._committed(path, 400)
+    assert ids == before["ids"] and committed == before["points"]
     grown = dict(before["specs"], **{"credit-hold-end": ["credit:tau=0.5:hold_end=true"]})
     # the fresh point holds the same items in another order, plus one the committed points lack
-    ids = list(reversed(before["ids"])) + ["math:validation:400"]
-    fresh = dict(ids=ids, points={"credit-hold-end/credit-tau-0.5-hold-end-true": dict(
+    fresh_ids = list(reversed(before["ids"])) + ["math:validation:400"]
+    fresh = dict(ids=fresh_ids, points={"credit-hold-end/credit-tau-0.5-hold-end-true": dict(
         correct="1" * 400 + "0", steps=list(range(401)))})
-    rec = rs._merge(committed, fresh, grown)
+    rec = rs._merge(ids, committed, fresh, grown)
     assert rec["ids"] == before["ids"]
     assert list(rec["points"])[-1] == "credit-hold-end/credit-tau-0.5-hold-end-true"
     assert rec["points"]["credit-hold-end/credit-tau-0.5-hold-end-true"]["steps"] == list(range(399, -1, -1))
     assert {k: v for k, v in rec["points"].items() if k in before["points"]} == before["points"]
     # a fresh point that misses a committed item is another draw: refused
-    fresh["ids"] = ids[1:]
+    fresh["ids"] = fresh_ids[1:]
     fresh["points"]["credit-hold-end/credit-tau-0.5-hold-end-true"] = dict(correct="1" * 400, steps=[0] * 400)
     import pytest
 
     with pytest.raises(SystemExit, match="different draw"):
-        rs._merge(committed, fresh, grown)
+        rs._merge(ids, committed, fresh, grown)
     with pytest.raises(SystemExit, match="--n 400"):
         rs._committed(path, 100)
