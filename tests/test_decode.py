@@ -33,7 +33,7 @@ def peaked(tmp_path_factory):
 def test_policy_names_are_complete():
     assert sorted(POLICIES) == sorted(["random", "confidence", "origin", "maskgit_plus", "topk_margin", "entropy",
                                        "threshold", "factor", "frechet", "topk", "tracelock", "l2p",
-                                       "l2p-hidden", "credit", "hierarchy", "klass", "less", "eb", "pc"])
+                                       "l2p-hidden", "credit", "hierarchy", "klass", "less", "eb", "pc", "gate"])
 
 
 @pytest.mark.parametrize("schedule", [{"block": 4}, {"window": 4}, {}], ids=["block4", "window4", "full"])

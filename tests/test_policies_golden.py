@@ -298,7 +298,7 @@ def test_policies_seeded_reproducible(name):
 def test_policy_registry():
     assert sorted(POLICIES) == sorted(
         ["random", "confidence", "topk", "origin", "maskgit_plus", "topk_margin", "entropy", "threshold", "factor",
-         "frechet", "credit", "hierarchy", "klass", "less", "eb", "pc", "tracelock", "l2p", "l2p-hidden"]
+         "frechet", "credit", "hierarchy", "klass", "less", "eb", "pc", "tracelock", "gate", "l2p", "l2p-hidden"]
     )
     stochastic = {name for name, cls in POLICIES.items() if not cls.deterministic}
     assert stochastic == {"random", "origin"}

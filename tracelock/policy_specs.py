@@ -11,8 +11,9 @@ import re
 from tracelock.text import did_you_mean
 
 # `tracelock.policies.POLICIES` for the help texts, without importing torch (tested equal)
-POLICY_NAMES = ("confidence", "credit", "eb", "entropy", "factor", "frechet", "hierarchy", "klass", "l2p", "l2p-hidden",
-                "less", "maskgit_plus", "origin", "pc", "random", "threshold", "topk", "topk_margin", "tracelock")
+POLICY_NAMES = ("confidence", "credit", "eb", "entropy", "factor", "frechet", "gate", "hierarchy", "klass", "l2p",
+                "l2p-hidden", "less", "maskgit_plus", "origin", "pc", "random", "threshold", "topk", "topk_margin",
+                "tracelock")
 
 
 def spec_value(text: str):

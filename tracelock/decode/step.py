@@ -286,9 +286,10 @@ def close_step(policy: Policy, inp: StepInput, region: Region, x, state, attenti
     scatter_pos = region.scatter_positions(length)
     rule = None if commit_step is None else policy.commit_rule(inp)
     if rule is not None:
-        return commit_step(rule.score, rule.tau, active, signals.proposal, scatter_pos, x, state, end_ids, rule.theta,
-                           rule.cap, fallback_score=rule.fallback_score, held=rule.held, inclusive=rule.inclusive,
-                           fill_id=pad_id, stop_at_eot=bool(stop_at_eot))
+        # a memory rule's proposal is its region's part of a wider pass (KLASS's reaches into the next region)
+        return commit_step(rule.score, rule.tau, active, signals.proposal.contiguous(), scatter_pos, x, state, end_ids,
+                           rule.theta, rule.cap, fallback_score=rule.fallback_score, held=rule.held,
+                           inclusive=rule.inclusive, fill_id=pad_id, stop_at_eot=bool(stop_at_eot))
     chosen, cut = policy.decide(inp, generator)
     chosen = chosen & active
     if observe is not None:

@@ -1,6 +1,7 @@
 """The decoding policies behind one interface (:class:`Policy`): the published rules (LLaDA, Dream, Fast-dLLM,
 Fast-dLLM++, and those since: CreditDecoding, dInfer's hierarchy, KLASS, LESS, the entropy bound, PC-Sampler) and
-the learned ones (TraceLock, Learn2PD); the name registry and the arguments a named policy is built with.
+the learned ones (TraceLock, its gate over a training-free rule, Learn2PD); the name registry and the arguments a
+named policy is built with.
 
 Examples::
 
@@ -18,6 +19,7 @@ from .dream import EntropyPolicy, MaskGitPlusPolicy, OriginPolicy, TopKMarginPol
 from .entropy_bound import EntropyBoundPolicy
 from .fastdllm import FactorPolicy, ThresholdPolicy
 from .frechet import FrechetPolicy
+from .gate import GatePolicy
 from .hierarchy import HierarchyPolicy
 from .klass import KlassPolicy
 from .l2p import L2PHiddenPolicy, L2PPolicy
@@ -48,6 +50,7 @@ POLICIES: dict[str, type[Policy]] = {
         EntropyBoundPolicy,
         PCSamplerPolicy,
         TraceLockPolicy,
+        GatePolicy,
         L2PPolicy,
         L2PHiddenPolicy,
     )
@@ -75,7 +78,10 @@ def make_policy(spec: str | Policy, **kwargs) -> Policy:
         raise ValueError(f"unknown policy {spec!r}; known policies: {', '.join(sorted(POLICIES))}")
     cls = POLICIES[spec]
     params = {n: p for n, p in inspect.signature(cls.__init__).parameters.items() if n != "self"}
-    unknown = sorted(set(kwargs) - set(params))
+    # a policy with **kwargs (the gate's base_<name> arguments) checks those itself
+    open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    params = {n: p for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+    unknown = [] if open_ended else sorted(set(kwargs) - set(params))
     if unknown == ["per_step"] and "steps" in params:
         raise TypeError(f"policy {spec!r}: per_step (tokens per step) needs the generation length; pass it to "
                         f"fused_generate (policy_args={{'per_step': {kwargs['per_step']!r}}}), or steps=gen_length // "
@@ -93,7 +99,8 @@ def make_policy(spec: str | Policy, **kwargs) -> Policy:
         raise TypeError(f"policy {spec!r} needs {what}: pass policy_args={{{example}}} "
                         f"(on the command line: {spec}:{missing[0]}=...)")
     for name, value in kwargs.items():
-        _check_kind(spec, name, value, params[name])
+        if name in params:
+            _check_kind(spec, name, value, params[name])
     return cls(**kwargs)
 
 
