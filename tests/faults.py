@@ -148,9 +148,12 @@ def _canonical(path: Path):
         return data
 
 
-def compare_store(ref: Path, got: Path) -> dict:
+def compare_store(ref: Path, got: Path, *, paths: tuple | None = None) -> dict:
     """A trace store against the reference's, as data: lost and duplicated ids, torn (unverifiable) shards, and
-    traces that differ in any array or meta field."""
+    traces that differ in any array or meta field. ``paths`` (the reference run's folder, this run's): a meta field
+    that names a file of the run (a controller) is compared with this run's folder read as the reference's."""
+    import json
+
     import numpy as np
 
     from tracelock.traces.store import done_records, iter_traces, verify
@@ -171,7 +174,8 @@ def compare_store(ref: Path, got: Path) -> dict:
                                                                              "commit_step", "steps", "proposals"))
         same &= (a.confidence is None) == (b.confidence is None) and (
             a.confidence is None or np.array_equal(a.confidence, b.confidence, equal_nan=True))
-        if not (same and a.meta == b.meta):
+        meta = b.meta if paths is None else json.loads(json.dumps(b.meta).replace(str(paths[1]), str(paths[0])))
+        if not (same and a.meta == meta):
             differ.append(key)
     ref_skipped = {i for rec in done_records(ref).values() for i in rec["skipped"]}
     return dict(records=len(ref_traces) + len(ref_skipped), lost=len(set(ref_traces) - set(got_traces))

@@ -117,6 +117,24 @@ def _self_train(ref, got):
     return dict(verdict, bytes=parts[2]["bytes"])
 
 
+def _fit(ref, got):
+    """`fit`: its trace stores and caches as data, its controllers, encoder and gate byte for byte, its validation
+    decodes item by item, and the same choice."""
+    parts = [faults.compare_store(ref / "pool" / "traces", got / "pool" / "traces"),
+             faults.compare_store(ref / "round-1" / "traces", got / "round-1" / "traces", paths=(ref, got)),
+             faults.compare_cache(ref / "pool" / "cache", got / "pool" / "cache"),
+             faults.compare_cache(ref / "onpolicy", got / "onpolicy"),
+             _files(["pool/encoder/*", "round-*/best.*", "round-*/metrics.json", "controller/*"])(ref, got)]
+    for folder in sorted((ref / "validation").glob("*/runs/*/*")):
+        rel = folder.relative_to(ref)
+        parts.append(faults.compare_jsonl(folder / "items-rank0.jsonl", got / rel / "items-rank0.jsonl",
+                                          ignore=("seconds",)))
+    verdict = faults.add_up(*parts)
+    choices = [json.loads((d / "fit.json").read_text())["choice"] for d in (ref, got)]
+    verdict["differ"] += choices[0] != choices[1]
+    return dict(verdict, bytes=parts[4]["bytes"])
+
+
 JOBS = {
     "collect": Job(lambda w, out: ["collect", "--model", w.model, "--prompts", w.prompts, *COLLECT, "--out", out],
                    _store),
@@ -149,6 +167,10 @@ JOBS = {
                                       w.ref("featurize"), "--prompts", "testbed:math", "--num", "4", "--out", out,
                                       "--gen-length", "16", "--window", "8", "--steps", "2", "--batch-size", "8",
                                       "--alpha", "0.3"], _self_train, needs=("featurize",)),
+    "fit": Job(lambda w, out: ["fit", "--model", "testbed", "--tasks", "testbed:math", "--limit", "6", "--round-limit",
+                               "3", "--val-limit", "3", "--steps", "4", "--round-steps", "2", "--rounds", "1",
+                               "--base", "frechet:delta=0,0.9:hold_end=true", "--veto", "0,0.5", "--accept", "1",
+                               "--batch-size", "6", "--out", out], _fit),
     "rl": Job(lambda w, out: ["rl", "--model", w.model, "--controller", w.controller, "--prompts", "testbed:math",
                               "--num", "6", "--gen-length", "16", "--window", "8", "--prompts-per-step", "2",
                               "--save-every", "1", "--lr", "1e-3", "--eta", "0.3", "--steps", "3", "--out", out],

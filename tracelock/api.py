@@ -52,11 +52,14 @@ def check_named_policy(policy, policy_args) -> None:
                              f"and its arguments apart: policy={name!r}, policy_args={args!r}")
         raise ValueError(f"unknown policy {safe_echo(repr(policy))}; known policies: {', '.join(sorted(POLICIES))}"
                          f"{did_you_mean(name, POLICIES)}")
-    params = [n for n in inspect.signature(POLICIES[policy].__init__).parameters if n not in ("self", "model")]
+    signature = inspect.signature(POLICIES[policy].__init__).parameters
+    params = [n for n, p in signature.items() if n not in ("self", "model") and p.kind is not p.VAR_KEYWORD]
+    # a policy with **kwargs (the gate's base_<name> arguments) checks those itself, when it is built
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in signature.values())
     args = dict(policy_args or {})
     takes = params + (["per_step"] if "steps" in params else [])
     for key in args:
-        if key not in takes and key != "model":  # (make_policy's words, with the argument meant)
+        if key not in takes and key != "model" and not open_ended:  # (make_policy's words, with the argument meant)
             raise TypeError(f"policy {policy!r} takes no argument {safe_echo(key)}; its arguments are: "
                             f"{', '.join(takes) or '(none)'}{did_you_mean(key, takes)}")
     if set(params) & set(_LOADED) or "model" in inspect.signature(POLICIES[policy].__init__).parameters:

@@ -49,6 +49,7 @@ SUBCOMMAND_MODULES = (
     "tracelock.train.cli",
     "tracelock.l2p.cli",
     "tracelock.train.self_train",
+    "tracelock.train.recipe",
     "tracelock.rl.train",
     "tracelock.testbed.ar_calibration",
     "tracelock.testbed.probe",
@@ -61,9 +62,9 @@ SUBCOMMAND_MODULES = (
     "tracelock.serve.cli",
 )
 # the order `tracelock --help` lists the commands in: the README's table, "The command line at a glance"
-COMMAND_ORDER = ("demo", "generate", "collect", "fit-encoder", "featurize", "train", "train-l2p", "self-train", "rl",
-                 "eval", "report", "paper-tables", "frontier", "serve", "lm-eval", "testbed-train", "testbed-eval",
-                 "testbed-ship", "testbed-ship-controller", "testbed-probe", "testbed-ar-calibration",
+COMMAND_ORDER = ("demo", "generate", "collect", "fit-encoder", "featurize", "train", "train-l2p", "self-train", "fit",
+                 "rl", "eval", "report", "paper-tables", "frontier", "serve", "lm-eval", "testbed-train",
+                 "testbed-eval", "testbed-ship", "testbed-ship-controller", "testbed-probe", "testbed-ar-calibration",
                  "tiny-checkpoint", "env")
 
 

@@ -24,7 +24,9 @@ from tracelock.kernels.ref import commit_margin_threshold, commit_select_ref
 
 from .base import CommitRule, Policy, StepInput, held_ends
 
-__all__ = ["GatePolicy"]
+__all__ = ["GATE_FILE", "GatePolicy", "chosen_gate"]
+
+GATE_FILE = "gate.json"
 
 
 def _base_policy(base, base_args: dict) -> Policy:
@@ -56,6 +58,21 @@ def _base_policy(base, base_args: dict) -> Policy:
     return policy
 
 
+def chosen_gate(controller) -> dict:
+    """The gate a `tracelock fit` run chose for this controller (its folder's ``gate.json``: base, base_args, accept,
+    veto), {} for any other controller."""
+    import json
+    from pathlib import Path
+
+    from tracelock.models.loading import resolve_controller
+
+    if not isinstance(controller, str | Path):
+        return {}
+    folder = Path(resolve_controller(controller))
+    path = (folder if folder.is_dir() else folder.parent) / GATE_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def _unit(name: str, value, *, closed_low: bool, closed_high: bool, off) -> float:
     low_ok = value >= 0 if closed_low else value > 0
     high_ok = value <= 1 if closed_high else value < 1
@@ -72,10 +89,12 @@ class GatePolicy(Policy):
         controller (Controller | str | Path): as `TraceLockPolicy`'s: a `tracelock train` run folder, or
             "testbed" / "testbed-dream" for the shipped controller.
         base (str | Policy): the training-free rule corrected: a registry name, its arguments given as
-            ``base_<name>=value``, or an instance. Default: "frechet" (Fast-dLLM++'s rule).
+            ``base_<name>=value``, or an instance. Default: the rule `tracelock fit` chose with this controller
+            (its ``gate.json``), else "frechet" (Fast-dLLM++'s rule).
         accept (float): a slot the base leaves masked commits when ``sigmoid(a - tau) > accept``; 1 never. Never a
-            slot the base holds back by its ``hold_end``. Default: 1.0.
-        veto (float): a slot the base commits stays masked when ``sigmoid(a - tau) < veto``; 0 never. Default: 0.0.
+            slot the base holds back by its ``hold_end``. Default: the fit's choice, else 1.0.
+        veto (float): a slot the base commits stays masked when ``sigmoid(a - tau) < veto``; 0 never. Default: the
+            fit's choice, else 0.0.
         encoder (TapEncoder | str | Path, optional): as `TraceLockPolicy`'s.
         model (DiffusionBackbone, optional): as `TraceLockPolicy`'s.
         **base_args: the base rule's arguments, each prefixed ``base_``.
@@ -86,12 +105,18 @@ class GatePolicy(Policy):
     needs_taps = True
     learned = True
 
-    def __init__(self, controller, base="frechet", accept: float = 1.0, veto: float = 0.0, encoder=None, model=None,
-                 **base_args) -> None:
+    def __init__(self, controller, base=None, accept: float | None = None, veto: float | None = None, encoder=None,
+                 model=None, **base_args) -> None:
         from .tracelock import TraceLockPolicy
 
         super().__init__()
+        chosen = chosen_gate(controller)
+        if base is None:
+            chosen_args = {f"base_{k}": v for k, v in chosen.get("base_args", {}).items()}
+            base, base_args = chosen.get("base", "frechet"), {**chosen_args, **base_args}
         self.base = _base_policy(base, base_args)
+        accept = chosen.get("accept", 1.0) if accept is None else accept
+        veto = chosen.get("veto", 0.0) if veto is None else veto
         self.accept = _unit("accept", accept, closed_low=False, closed_high=True, off=1)
         self.veto = _unit("veto", veto, closed_low=True, closed_high=False, off=0)
         # the controller's scores, by the TraceLock policy's own path (fold, crop, confidence input)

@@ -1,0 +1,121 @@
+"""`tracelock fit`: the whole recipe on the bundled model at a tiny size: its stages and what each leaves, on-policy
+rounds decoded by the gate, the choice on validation and the deployed gate; a rerun redoes nothing; bad input.
+(Killed anywhere and resumed: tests/test_faults.py.)"""
+
+import json
+import re
+
+import pytest
+
+import tracelock
+from tracelock.cli import main
+from tracelock.policies import make_policy
+from tracelock.policies.frechet import FrechetPolicy
+from tracelock.train.recipe import base_rule, choose
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = ["--model", "testbed", "--tasks", "testbed:math", "--limit", "6", "--round-limit", "3", "--val-limit", "3",
+        "--steps", "4", "--round-steps", "2", "--rounds", "1", "--base", "frechet:delta=0,0.9:hold_end=true",
+        "--accept", "1,0.9", "--veto", "0,0.5", "--batch-size", "6"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fit") / "run"
+    assert main(["fit", *TINY, "--out", str(out)]) in (0, None)
+    return out
+
+
+def test_every_stage_leaves_its_folder_and_the_record_names_the_choice(run):
+    record = json.loads((run / "fit.json").read_text())
+    assert list(record["stages"]) == ["collect", "features", "round-0", "round-1", "validation"]
+    assert set(record["choice"]) == {"round", "accept", "veto", "gap", "gaps"}
+    assert set(record["choice"]["gaps"]) == {f"{k}/{a}/{v}" for k in (0, 1) for a in (1.0, 0.9) for v in (0.0, 0.5)}
+    for path in ("pool/traces/index.json", "pool/encoder/encoder.json", "pool/cache", "round-0/metrics.json",
+                 "round-1/metrics.json", "onpolicy", "controller/best.safetensors", "controller/gate.json"):
+        assert (run / path).exists(), path
+
+
+def test_the_rounds_decode_with_the_gate_of_the_round_before(run):
+    from tracelock.traces.cache import FeatureCache
+    from tracelock.traces.store import iter_traces
+
+    traces = list(iter_traces(run / "round-1" / "traces"))
+    assert traces and all(t.meta["policy"] == "gate" for t in traces)
+    args = traces[0].meta["policy_args"]
+    assert args["controller"] == str(run / "round-0") and args["base"] == "frechet" and args["veto"] == 0.5
+    ids = [t["id"] for s in FeatureCache(run / "onpolicy").index["shards"] for t in s["traces"]]
+    assert ids and all(i.startswith("round-1/") for i in ids)
+    trained = json.loads((run / "round-1" / "state.json").read_text())["config"]
+    assert trained["init"] == str(run / "round-0") and trained["mix_cache"] == str(run / "onpolicy")
+
+
+def test_the_deployed_gate_is_the_choice_over_the_base_at_its_knobs_middle(run):
+    choice = json.loads((run / "fit.json").read_text())["choice"]
+    model = tracelock.load_model("testbed")
+    gate = make_policy("gate", controller=str(run / "controller"), model=model)
+    assert isinstance(gate.base, FrechetPolicy) and gate.base.delta == 0.9 and gate.base.hold_end
+    assert (gate.accept, gate.veto) == (choice["accept"], choice["veto"])
+    tokens, stats = tracelock.fused_generate(model, [[5, 9, 13]], policy=gate, gen_length=16, block=8)
+    assert not (tokens == model.spec.mask_id).any() and stats.steps[0] >= 2
+
+
+def _without_timings(obj):
+    if isinstance(obj, dict):
+        return {k: _without_timings(v) for k, v in obj.items() if not k.startswith("seconds")}
+    return [_without_timings(v) for v in obj] if isinstance(obj, list) else obj
+
+
+def _contents(folder):
+    """Every file's bytes, a JSON file's as data without its timings."""
+    return {p.relative_to(folder): _without_timings(json.loads(p.read_text())) if p.suffix == ".json"
+            else p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_rerun_redoes_nothing(run):
+    before = _contents(run)
+    data = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.suffix in (".safetensors", ".npy", ".jsonl")}
+    assert main(["fit", *TINY, "--out", str(run)]) in (0, None)
+    assert _contents(run) == before
+    # nothing decoded, featurized or trained again: the stores, caches, records and weights are the same files
+    assert {p: p.stat().st_mtime_ns for p in data if "controller/" not in str(p)} == {
+        p: t for p, t in data.items() if "controller/" not in str(p)}
+
+
+def _records(correct, steps):
+    return {f"i{j}": dict(correct=bool(c), steps=s) for j, (c, s) in enumerate(zip(correct, steps))}
+
+
+def test_choose_takes_the_candidate_furthest_above_the_base_and_else_no_correction():
+    base = [(0.0, _records([1, 0, 0, 0], [10] * 4)), (0.9, _records([1, 1, 0, 0], [20] * 4))]
+    above = [(0.0, _records([1, 1, 0, 0], [10] * 4)), (0.9, _records([1, 1, 1, 0], [20] * 4))]
+    below = [(0.0, _records([0, 0, 0, 0], [10] * 4)), (0.9, _records([1, 0, 0, 0], [20] * 4))]
+    outside = [(0.0, _records([1, 1, 1, 1], [40] * 4)), (0.9, _records([1, 1, 1, 1], [50] * 4))]
+    got = choose({"t": {"base": base, "0/1.0/0.0": base, "0/1.0/0.5": below, "1/0.9/0.0": above,
+                        "1/1.0/0.5": outside}})
+    assert (got["round"], got["accept"], got["veto"]) == (1, 0.9, 0.0) and got["gap"] == pytest.approx(0.25)
+    assert got["gaps"]["1/1.0/0.5"] is None and got["gaps"]["0/1.0/0.0"] == 0.0
+    got = choose({"t": {"base": base, "0/1.0/0.5": below, "1/1.0/0.5": outside}})
+    assert (got["round"], got["accept"], got["veto"], got["gap"]) == (0, 1.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--base", "frechet:delta=0.5"], r"--base 'frechet:delta=0.5' must be one rule with its knob's values listed"),
+    (["--tasks", "prompts.jsonl"], r"has no validation split: pass --validation"),
+    (["--accept", "1.5"], r"--accept '1.5': every value must lie in \[0.0, 1.0\]"),
+    (["--alpha", "1"], r"--alpha 1.0 must lie in \(0, 1\)"),
+])
+def test_bad_input_names_the_option(tmp_path, capsys, args, match):
+    try:
+        rc = main(["fit", "--model", "testbed", "--out", str(tmp_path / "o"), *args])
+    except SystemExit as err:  # argparse's own checks
+        rc = err.code
+    assert rc == 2 and re.search(match, capsys.readouterr().err)
+    assert not (tmp_path / "o" / "pool").exists()  # refused before any stage ran
+
+
+def test_base_rule_reads_the_listed_knob():
+    assert base_rule("frechet:delta=0,0.5,0.9:hold_end=true") == ("frechet", {"hold_end": True}, "delta",
+                                                                  [0, 0.5, 0.9])
+    assert base_rule("credit:tau=0.8,0.9:first_token=true") == ("credit", {"first_token": True}, "tau", [0.8, 0.9])
