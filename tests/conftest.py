@@ -26,6 +26,8 @@ def _load_helper(name: str):
 
 # the scripted chat server of the judge tests (its `Sleep` entries are checked with isinstance: one copy only)
 chat_server = _load_helper("chat_server")
+# the fault-injection harness and its comparisons of stores and caches (standard library only at import)
+faults = _load_helper("faults")
 
 
 @pytest.fixture(autouse=True)

@@ -9,24 +9,18 @@ two kills per job by default (NOTE: 4.0 CPU-minutes for the file, 7 minutes on t
 ``-s`` prints one line per kill.
 """
 
-import importlib.util
 import json
 import os
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import faults  # tests/faults.py, loaded once by conftest.py
 import pytest
 
 import tracelock
 from tracelock.models import write_tiny_checkpoint
 from tracelock.testing import fresh_controller
-
-_spec = importlib.util.spec_from_file_location("faults", Path(__file__).with_name("faults.py"))
-faults = importlib.util.module_from_spec(_spec)
-sys.modules["faults"] = faults  # dataclasses look their module up by name
-_spec.loader.exec_module(faults)
 
 POINTS = int(os.environ.get("TRACELOCK_FAULT_POINTS", "1"))
 PROMPTS = ["What is 2 + 3 ?", "add 4 and 5", "x", "hello there", "count to ten", "why", "seven", "list three"]

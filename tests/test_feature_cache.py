@@ -28,11 +28,9 @@ from tracelock.traces.replay import replay
 _spec = importlib.util.spec_from_file_location("_features_tests", Path(__file__).with_name("test_features.py"))
 _helpers = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_helpers)
-# the whole-cache checksum check lives with the fault tests, its one user (tests/faults.py)
-_spec = importlib.util.spec_from_file_location("_faults_cache_check", Path(__file__).with_name("faults.py"))
-_faults = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = _faults  # dataclasses look their module up by name
-_spec.loader.exec_module(_faults)
+# the whole-cache checksum check lives with the fault tests (tests/faults.py, loaded once by conftest.py)
+import faults as _faults  # noqa: E402
+
 record_traces, make_prompts = _helpers.record_traces, _helpers.make_prompts
 
 

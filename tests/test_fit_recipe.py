@@ -119,3 +119,28 @@ def test_base_rule_reads_the_listed_knob():
     assert base_rule("frechet:delta=0,0.5,0.9:hold_end=true") == ("frechet", {"hold_end": True}, "delta",
                                                                   [0, 0.5, 0.9])
     assert base_rule("credit:tau=0.8,0.9:first_token=true") == ("credit", {"first_token": True}, "tau", [0.8, 0.9])
+
+
+def test_under_torchrun_each_rank_decodes_its_share_and_the_pool_is_one_processs(run, tmp_path):
+    """Two ranks (gloo): the collections and validation split by rank, training DDP; the pool's traces are those of
+    the one-process run (DDP's sums round differently, so the controllers and what they decode may differ)."""
+    import os
+    import subprocess
+    import sys
+
+    from faults import compare_store
+
+    out = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "tracelock", "fit", *TINY, "--out", str(out)], capture_output=True, text=True,
+                          env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert compare_store(run / "pool" / "traces", out / "pool" / "traces") == dict(records=6, lost=0, duplicated=0,
+                                                                                   torn=0, differ=0)
+    for store in ("pool/traces", "round-1/traces"):
+        assert json.loads((out / store / "summary.json").read_text())["world_size"] == 2
+        assert sorted(p.name for p in (out / store).glob("done-rank*.json")) == ["done-rank0.json", "done-rank1.json"]
+    assert sorted(p.name for p in (out / "validation").rglob("items-rank*.jsonl"))[:2] == ["items-rank0.jsonl",
+                                                                                           "items-rank0.jsonl"]
+    assert any((out / "validation").rglob("items-rank1.jsonl")) and (out / "controller" / "gate.json").is_file()

@@ -195,11 +195,13 @@ def controller_scores(model, cache, idx, crop_r, batch_size: int, device) -> tup
 
 
 def _dist():
-    """(rank, world size), starting the process group under torchrun (gloo on CPU, nccl on CUDA)."""
+    """(rank, world size, whether this call started the process group), starting it under torchrun (gloo on CPU,
+    nccl on CUDA) unless the caller (`tracelock fit`) already has."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not torch.distributed.is_initialized():
+    started = world > 1 and not torch.distributed.is_initialized()
+    if started:
         torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return (torch.distributed.get_rank(), world) if world > 1 else (0, 1)
+    return ((torch.distributed.get_rank(), world) if world > 1 else (0, 1)) + (started,)
 
 
 def _save_state(out: Path, step: int, model, opt, info: dict) -> None:
@@ -242,12 +244,14 @@ def train(config: TrainConfig, *, cache=None, resume: bool = False) -> Path:
     ``config.encoder``), ``metrics.json``, ``history.json`` and the resumable state. ``resume`` on a folder with no
     saved state yet (a run killed before its first evaluation) starts the run.
     """
-    rank, world = _dist()
+    rank, world, started = _dist()
     # rank 0 is the only writer; a second run into the same folder is refused while this one holds it
     with folder_lock(config.out) if rank == 0 else contextlib.nullcontext():
         out = _train(config, cache, resume, rank, world)
         if rank == 0:
             remove_stale_temps(out)  # checkpoints a killed run left half-written
+    if started:  # a group the caller started is the caller's to leave
+        torch.distributed.destroy_process_group()
     return out
 
 
@@ -288,7 +292,6 @@ def _train(config: TrainConfig, cache, resume: bool, rank: int, world: int) -> P
         _finish(run.out, run.cache, run.val_idx, run.val_r, config, run.device, run.info)
     if world > 1:
         torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
     return run.out
 
 
