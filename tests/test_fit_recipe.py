@@ -105,6 +105,7 @@ def test_choose_takes_the_candidate_furthest_above_the_base_and_else_no_correcti
     (["--tasks", "prompts.jsonl"], r"has no validation split: pass --validation"),
     (["--accept", "1.5"], r"--accept '1.5': every value must lie in \[0.0, 1.0\]"),
     (["--alpha", "1"], r"--alpha 1.0 must lie in \(0, 1\)"),
+    (["--veto", "0,1"], r"--veto 0.0,1.0 in \[0, 1\)"),
 ])
 def test_bad_input_names_the_option(tmp_path, capsys, args, match):
     try:

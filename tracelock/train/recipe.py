@@ -72,6 +72,10 @@ class FitConfig:
             raise ValueError(f"--alpha {self.alpha!r} must lie in (0, 1): the on-policy share of the training mix")
         if not self.accept or not self.veto:
             raise ValueError("--accept and --veto each need at least one value (1 and 0: no correction)")
+        # the gate's ranges, checked before any stage runs (the gate itself would refuse them only at round 1)
+        if any(not 0 < a <= 1 for a in self.accept) or any(not 0 <= v < 1 for v in self.veto):
+            raise ValueError(f"--accept {','.join(map(str, self.accept))} must lie in (0, 1] and --veto "
+                             f"{','.join(map(str, self.veto))} in [0, 1) (accept 1 and veto 0: no correction)")
 
 
 # each family's base rule and its knob's values: Fast-dLLM++'s rule with the end-of-text hold (Dream: its Dream form),
