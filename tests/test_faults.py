@@ -30,6 +30,10 @@ TRAIN = ["--steps", "6", "--batch-size", "4", "--eval-every", "2", "--lr", "1e-3
          "--layers", "1", "--heads", "2", "--ffn", "48", "--device", "cpu"]
 # settings that hold the run's own folder, which differs between the runs compared
 PATHS = ("out", "mix_cache")
+# the whole recipe at its smallest, on the bundled model (a random checkpoint's traces are all filtered out)
+FIT = ["--model", "testbed", "--prompts", "testbed:math", "--limit", "6", "--round-limit", "3", "--val-limit", "3",
+       "--steps", "4", "--round-steps", "2", "--rounds", "1", "--base", "frechet:delta=0,0.9:hold_end=true", "--veto",
+       "0,0.5", "--accept", "1", "--batch-size", "6"]
 TESTBED = ["--steps", "4", "--ar-steps", "2", "--batch-size", "4", "--d-model", "32", "--n-layers", "4",
            "--n-heads", "2", "--mlp", "64", "--vocab-size", "400", "--tokenizer-corpus", "300", "--save-every", "2",
            "--threads", "1"]
@@ -161,10 +165,7 @@ JOBS = {
                                       w.ref("featurize"), "--prompts", "testbed:math", "--num", "4", "--out", out,
                                       "--gen-length", "16", "--window", "8", "--steps", "2", "--batch-size", "8",
                                       "--alpha", "0.3"], _self_train, needs=("featurize",)),
-    "fit": Job(lambda w, out: ["fit", "--model", "testbed", "--tasks", "testbed:math", "--limit", "6", "--round-limit",
-                               "3", "--val-limit", "3", "--steps", "4", "--round-steps", "2", "--rounds", "1",
-                               "--base", "frechet:delta=0,0.9:hold_end=true", "--veto", "0,0.5", "--accept", "1",
-                               "--batch-size", "6", "--out", out], _fit),
+    "fit": Job(lambda w, out: ["fit", *FIT, "--out", out], _fit),
     "rl": Job(lambda w, out: ["rl", "--model", w.model, "--controller", w.controller, "--prompts", "testbed:math",
                               "--num", "6", "--gen-length", "16", "--window", "8", "--prompts-per-step", "2",
                               "--save-every", "1", "--lr", "1e-3", "--eta", "0.3", "--steps", "3", "--out", out],

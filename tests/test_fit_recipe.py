@@ -11,11 +11,11 @@ import tracelock
 from tracelock.cli import main
 from tracelock.policies import make_policy
 from tracelock.policies.frechet import FrechetPolicy
-from tracelock.train.recipe import base_rule, choose
+from tracelock.recipe import base_rule, choose
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY = ["--model", "testbed", "--tasks", "testbed:math", "--limit", "6", "--round-limit", "3", "--val-limit", "3",
+TINY = ["--model", "testbed", "--prompts", "testbed:math", "--limit", "6", "--round-limit", "3", "--val-limit", "3",
         "--steps", "4", "--round-steps", "2", "--rounds", "1", "--base", "frechet:delta=0,0.9:hold_end=true",
         "--accept", "1,0.9", "--veto", "0,0.5", "--batch-size", "6"]
 
@@ -102,7 +102,7 @@ def test_choose_takes_the_candidate_furthest_above_the_base_and_else_no_correcti
 
 @pytest.mark.parametrize("args, match", [
     (["--base", "frechet:delta=0.5"], r"--base 'frechet:delta=0.5' must be one rule with its knob's values listed"),
-    (["--tasks", "prompts.jsonl"], r"has no validation split: pass --validation"),
+    (["--prompts", "prompts.jsonl"], r"has no validation split: pass --tasks"),
     (["--accept", "1.5"], r"--accept '1.5': every value must lie in \[0.0, 1.0\]"),
     (["--alpha", "1"], r"--alpha 1.0 must lie in \(0, 1\)"),
     (["--veto", "0,1"], r"--veto 0.0,1.0 in \[0, 1\)"),

@@ -42,7 +42,7 @@ LAYERS = [
     ["tracelock.train"],
     # what runs whole jobs on top of everything else
     ["tracelock.testbed", "tracelock.eval", "tracelock.rl", "tracelock.serve", "tracelock.testing",
-     "tracelock.generate_cli"],
+     "tracelock.generate_cli", "tracelock.recipe"],
     ["tracelock.cli", "tracelock.__main__"],
 ]
 

@@ -49,7 +49,7 @@ SUBCOMMAND_MODULES = (
     "tracelock.train.cli",
     "tracelock.l2p.cli",
     "tracelock.train.self_train",
-    "tracelock.train.recipe",
+    "tracelock.recipe",
     "tracelock.rl.train",
     "tracelock.testbed.ar_calibration",
     "tracelock.testbed.probe",

@@ -144,6 +144,9 @@ class GatePolicy(Policy):
         return self._scorer.tap_fold(model)
 
     def commit_rule(self, inp: StepInput) -> CommitRule:
+        return self._rule(inp)
+
+    def _rule(self, inp: StepInput) -> CommitRule:
         proposed = self.base.select(inp)
         a, tau = self._scorer.slot_scores(inp)
         p = torch.sigmoid(a.float() - tau.float()[:, None])
@@ -157,6 +160,6 @@ class GatePolicy(Policy):
                           fallback_score=torch.where(proposed, p + 2, p), held=held)
 
     def select(self, inp: StepInput, generator: torch.Generator | None = None) -> torch.Tensor:
-        rule = self.commit_rule(inp)
+        rule = self._rule(inp)
         return commit_select_ref(rule.score - rule.tau[:, None], inp.active, commit_margin_threshold(0.5, False), 0,
                                  rule.fallback_score, rule.held)

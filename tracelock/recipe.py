@@ -18,7 +18,7 @@ Each stage writes into its own folder of ``out`` and resumes (a rerun skips what
   deploys the choice.
 
 Under ``torchrun`` the decoding (collection and validation) is split by rank and training runs DDP; the encoder and
-the codes are rank 0's. One task family per run gives a controller per domain (``--tasks testbed:math``).
+the codes are rank 0's. One task family per run gives a controller per domain (``--prompts testbed:math``).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ class FitConfig:
 
     model: str
     out: str
-    tasks: str = "testbed:math,testbed:code"  # training prompts (`tracelock.recording.collect.load_items`)
-    validation: str | None = None  # comma-separated eval tasks; default: the testbed tasks' validation split
+    prompts: str = "testbed:math,testbed:code"  # training prompts (`tracelock.recording.collect.load_items`)
+    tasks: str | None = None  # the eval tasks of the choice, comma-separated; default: the prompts' validation split
     base: str | None = None  # the rule the gate corrects, its knob's values listed; default: the family's (BASES)
     accept: tuple = (1.0, 0.8)
     veto: tuple = (0.0, 0.8)
@@ -103,14 +103,14 @@ def _spec(name: str, args: dict) -> str:
 
 
 def _validation_tasks(config: FitConfig) -> list[str]:
-    if config.validation:
-        return [t.strip() for t in config.validation.split(",") if t.strip()]
-    if not config.tasks.startswith("testbed:"):
-        raise ValueError(f"--tasks {config.tasks!r} has no validation split: pass --validation with the eval tasks "
+    if config.tasks:
+        return [t.strip() for t in config.tasks.split(",") if t.strip()]
+    if not config.prompts.startswith("testbed:"):
+        raise ValueError(f"--prompts {config.prompts!r} has no validation split: pass --tasks with the eval tasks "
                          "the choice is made on (e.g. testbed:math@validation)")
     from tracelock.recording.collect import _testbed_tasks
 
-    names, _ = _testbed_tasks(config.tasks.split("@")[0])
+    names, _ = _testbed_tasks(config.prompts.split("@")[0])
     return [f"testbed:{n}@validation" for n in names]
 
 
@@ -159,7 +159,7 @@ def fit(config: FitConfig, *, rank: int = 0, world_size: int = 1, say=lambda wha
     out.mkdir(parents=True, exist_ok=True)
     mid = dict(fixed, **{knob: values[len(values) // 2]})
     stages = _Stages(config, say if rank == 0 else (lambda what: None), rank)
-    per_val = config.val_limit / (config.limit * max(1, len(config.tasks.split(","))))
+    per_val = config.val_limit / (config.limit * max(1, len(config.prompts.split(","))))
     n_val = len(values) * (1 + (config.rounds + 1) * len(config.accept) * len(config.veto)) * len(tasks)
     # the estimate's units: one pool collection; a round decodes and featurizes its share, validation its decodes
     stages.total = 3 + 2 * config.rounds * config.round_limit / config.limit + n_val * per_val
@@ -203,7 +203,7 @@ def _collect(config: FitConfig, folder: Path, policy: str, args: dict, limit: in
              world_size: int) -> dict | None:
     from tracelock.recording.collect import collect
 
-    return collect(config.model, config.tasks, folder, num=limit, gen_length=config.gen_length, block=config.block,
+    return collect(config.model, config.prompts, folder, num=limit, gen_length=config.gen_length, block=config.block,
                    policy=policy, policy_args=args, fraction=config.fraction, keep_confidence=True,
                    batch_size=config.batch_size, seed=seed, rank=rank, world_size=world_size, device=config.device)
 
@@ -365,7 +365,7 @@ def _fit(args):
     from tracelock.progress import status
 
     with torchrun_group(args.device) as (rank, world, device):
-        config = FitConfig(model=args.model, out=args.out, tasks=args.tasks, validation=args.validation,
+        config = FitConfig(model=args.model, out=args.out, prompts=args.prompts, tasks=args.tasks,
                            base=args.base, accept=args.accept, veto=args.veto, rounds=args.rounds, limit=args.limit,
                            round_limit=args.round_limit, val_limit=args.val_limit, gen_length=args.gen_length,
                            block=args.block, alpha=args.alpha, steps=args.steps, round_steps=args.round_steps,
@@ -385,11 +385,11 @@ def add_parsers(sub):
                                    "decoding split under torchrun)")
     add_model(p)
     p.add_argument("--out", required=True, help="the run folder (re-running the command resumes it)")
-    p.add_argument("--tasks", default="testbed:math,testbed:code",
+    p.add_argument("--prompts", default="testbed:math,testbed:code",
                    help="training prompts: testbed tasks or a JSONL file, as `tracelock collect --prompts` "
                         "(default: testbed:math,testbed:code; one task for a controller per domain)")
-    p.add_argument("--validation", help="the eval tasks the choice is made on, comma-separated (default: the "
-                                        "testbed tasks' validation split)")
+    p.add_argument("--tasks", help=option_help("--tasks", "the choice is made on them (default: the --prompts' "
+                                                          "testbed tasks, @validation)"))
     p.add_argument("--base", help="the rule the gate corrects, with its knob's values listed (default: "
                                   f"{BASES['llada']}; on Dream: {BASES['dream']})")
     p.add_argument("--accept", type=_numbers("--accept", 0.0, 1.0), default=(1.0, 0.8),
@@ -402,7 +402,7 @@ def add_parsers(sub):
     p.add_argument("--val-limit", type=positive_int, default=100, help="validation items per task")
     p.add_argument("--gen-length", type=gen_length_int, default=64, metavar="N", help=option_help("--gen-length"))
     p.add_argument("--block", type=gen_length_int, default=16, metavar="W",
-                   help="the semi-AR block length every decode uses (divides --gen-length; default 16)")
+                   help=option_help("--block", "every decode of the recipe uses it (default 16)"))
     p.add_argument("--alpha", type=float, default=0.5, help="share of on-policy items in a round's training mix")
     p.add_argument("--steps", type=positive_int, default=2000, help="training steps of the supervised controller")
     p.add_argument("--round-steps", type=positive_int, default=1000, help="training steps of each round")
