@@ -1,7 +1,7 @@
 """The options several `tracelock` subcommands share, defined once (docs/cli.md, "The grammar"): `OPTIONS` holds
 their help texts; `add_model`, `add_device`, `add_model_dtype`, `add_quantize`, `add_schedule`, `add_settings`,
-`add_policy`, `add_limit` and `add_runtime_options` (``--threads`` and ``--quiet``) add them, so the same flag means
-the same thing, and says so in the same words, in every subcommand.
+`add_block_or_window`, `add_policy`, `add_limit` and `add_runtime_options` (``--threads`` and ``--quiet``) add them,
+so the same flag means the same thing, and says so in the same words, in every subcommand.
 
 - One setting is ``--gen-length N`` with ``--block W`` or ``--window W`` in every command that decodes; the commands
   that compare settings also take several, ``--settings GEN/WIDTH,...`` with ``--schedule`` (`check_settings`,
@@ -93,11 +93,7 @@ def add_schedule(parser, *, gen_length=None, gen_required: bool = False, block_d
         parser.add_argument("--window", type=gen_length_int, default=int(window_default), metavar="W",
                             help=option_help("--window"))
         return
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--block", type=gen_length_int, metavar="W",
-                       help=f"{option_help('--block')} (default: {block_default})")
-    group.add_argument("--window", type=gen_length_int, metavar="W",
-                       help=f"{option_help('--window')} (default: {window_default})")
+    add_block_or_window(parser, block_help=f" (default: {block_default})", window_help=f" (default: {window_default})")
     if gen_length is None and not gen_required:
         return
 
@@ -126,6 +122,15 @@ def add_schedule(parser, *, gen_length=None, gen_required: bool = False, block_d
             raise ValueError(f"--settings {args.settings}: {err}" if args.settings is not None else str(err)) from None
 
     parser.checks.append(one_setting)
+
+
+def add_block_or_window(parser, *, block_help: str, window_help: str) -> None:
+    """``--block W`` or ``--window W``, not both: the schedule's width, with the shared help of each followed by
+    ``block_help`` / ``window_help`` (this command's words, punctuation included: what the width does here and what
+    leaving both out means)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--block", type=gen_length_int, metavar="W", help=option_help("--block") + block_help)
+    group.add_argument("--window", type=gen_length_int, metavar="W", help=option_help("--window") + window_help)
 
 
 def add_setting_spelling(parser, *, width: str) -> None:
@@ -177,13 +182,8 @@ def add_settings(parser, *, default: str, schedules=("auto", "block", "window"),
     parser.add_argument("--gen-length", type=gen_length_int, metavar="N",
                         help=f"{option_help('--gen-length')}: with --block or --window, one setting (default: "
                              "--settings)")
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--block", type=gen_length_int, metavar="W",
-                       help=f"{option_help('--block')}: with --gen-length, the setting GEN/W in blocks (default: "
-                            "--settings)")
-    group.add_argument("--window", type=gen_length_int, metavar="W",
-                       help=f"{option_help('--window')}: with --gen-length, the setting GEN/W in a window (default: "
-                            "--settings)")
+    add_block_or_window(parser, block_help=": with --gen-length, the setting GEN/W in blocks (default: --settings)",
+                        window_help=": with --gen-length, the setting GEN/W in a window (default: --settings)")
 
     def resolve_settings(args) -> None:
         given = [f for f, v in (("--gen-length", args.gen_length), ("--block", args.block),

@@ -219,7 +219,14 @@ def run_serve(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    from tracelock.cli_options import add_device, add_model, add_model_dtype, add_quantize, option_help
+    from tracelock.cli_options import (
+        add_block_or_window,
+        add_device,
+        add_model,
+        add_model_dtype,
+        add_quantize,
+        option_help,
+    )
     from tracelock.cli_values import bounded_int, gen_length_int
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching at step granularity")
@@ -239,13 +246,9 @@ def add_parsers(sub) -> None:
                    f" (default: --policies {DEFAULT_POLICIES})")
     p.add_argument("--controller", help="a `tracelock train --out` folder, for the tracelock policy (default: none)")
     p.add_argument("--l2p", help="a `tracelock train-l2p --out` folder, for the l2p policies (default: none)")
-    sched = p.add_mutually_exclusive_group()
-    sched.add_argument("--block", type=gen_length_int, metavar="W",
-                       help=f"{option_help('--block')}; max_tokens is rounded up to a multiple (default 32 when "
-                            "neither --block nor --window is given)")
-    sched.add_argument("--window", type=gen_length_int, metavar="W",
-                       help=f"{option_help('--window')}; max_tokens is rounded up to a multiple (default: none, "
-                            "blocks)")
+    add_block_or_window(p, block_help="; max_tokens is rounded up to a multiple (default 32 when neither --block nor "
+                                      "--window is given)",
+                        window_help="; max_tokens is rounded up to a multiple (default: none, blocks)")
     p.add_argument("--cache", choices=["prefix", "dual"], help="approximate KV cache (default: none)")
     p.add_argument("--max-batch", type=int, default=16,
                    help="rows decoding at once over every decode setting together; more requests wait (default 16)")
