@@ -249,6 +249,13 @@ def add_limit(parser, *, help: str, default=None, old: tuple = ()) -> None:
         add_alias(parser, spelling, "--limit", dest="limit", type=positive_int, metavar="N")
 
 
+def add_prompt_limit(parser) -> None:
+    """``--limit N`` (old: ``--num``) of the commands that decode ``--prompts``, testbed tasks or a JSONL file
+    (`tracelock.recording.collect.load_items` reads both)."""
+    add_limit(parser, help="items per testbed task (required there); the first N lines of a JSONL (default: all)",
+              old=("--num",))
+
+
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 
 

@@ -291,9 +291,16 @@ def run_collect(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    from tracelock.cli_options import add_batch_size, add_device, add_model, add_model_dtype, add_policy, add_schedule
-    from tracelock.cli_parser import add_alias
-    from tracelock.cli_values import MAX_BATCH, MAX_GEN_LENGTH, bounded_int, positive_int, seed_int
+    from tracelock.cli_options import (
+        add_batch_size,
+        add_device,
+        add_model,
+        add_model_dtype,
+        add_policy,
+        add_prompt_limit,
+        add_schedule,
+    )
+    from tracelock.cli_values import MAX_BATCH, MAX_GEN_LENGTH, bounded_int, seed_int
 
     p = sub.add_parser("collect", help="decode prompts, filter, store canonical traces (resumable; torchrun-ready)")
     add_model(p)
@@ -301,9 +308,7 @@ def add_parsers(sub) -> None:
                    help="testbed tasks as `tracelock eval` names them, testbed:math,testbed:code (testbed:math,code "
                         "too; @validation or @test after a name picks that split, default train), or a JSONL file "
                         'of {"prompt": ..., "id": optional}')
-    p.add_argument("--limit", type=positive_int, metavar="N",
-                   help="items per testbed task (required there); the first N lines of a JSONL (default: all)")
-    add_alias(p, "--num", "--limit", dest="limit", type=positive_int, metavar="N")
+    add_prompt_limit(p)
     p.add_argument("--out", required=True, help="store folder (re-running with the same arguments resumes)")
     add_schedule(p, gen_length=64, block_default="8 when no --window is given", window_default="blocks, no window",
                  block_fallback=8)

@@ -217,7 +217,7 @@ def _rl(args):
 
 
 def add_parsers(sub):
-    from tracelock.cli_options import add_device, add_limit, add_model, add_setting_spelling
+    from tracelock.cli_options import add_device, add_model, add_prompt_limit, add_setting_spelling
     from tracelock.cli_values import bounded_int, gen_length_int, positive_int, seed_int
 
     p = sub.add_parser("rl", help="refine a controller with group-relative policy gradients (resumable)")
@@ -225,8 +225,7 @@ def add_parsers(sub):
     p.add_argument("--controller", required=True, help="the supervised (or self-trained) controller run folder")
     p.add_argument("--prompts", required=True, help="training prompts: one testbed task (testbed:math) or a JSONL "
                                                     "file, as `tracelock collect --prompts`")
-    add_limit(p, help="items per testbed task (required there); the first N lines of a JSONL (default: all)",
-              old=("--num",))
+    add_prompt_limit(p)
     p.add_argument("--out", required=True, help="run folder (re-running with the same arguments resumes)")
     p.add_argument("--reward", default="task", help="task (the testbed checker) or model:PATH (a reward model)")
     p.add_argument("--code-penalty", action="store_true", help="the paper's syntax/runtime penalties for code")

@@ -84,7 +84,7 @@ def _self_train(args):
 
 
 def add_parsers(sub):
-    from tracelock.cli_options import add_device, add_limit, add_model, add_setting_spelling, option_help
+    from tracelock.cli_options import add_device, add_model, add_prompt_limit, add_setting_spelling, option_help
     from tracelock.cli_values import batch_int, gen_length_int, positive_int, seed_int
 
     p = sub.add_parser("self-train", help="deployment-aware self-training: on-policy traces, mixed with the "
@@ -94,8 +94,7 @@ def add_parsers(sub):
     p.add_argument("--cache", required=True, help="the feature cache it was trained on (the original pool, kept)")
     p.add_argument("--prompts", required=True, help="new prompts: testbed tasks (testbed:math,testbed:code) or a "
                                                     "JSONL file, as `tracelock collect --prompts`")
-    add_limit(p, help="items per testbed task (required there); the first N lines of a JSONL (default: all)",
-              old=("--num",))
+    add_prompt_limit(p)
     p.add_argument("--out", required=True, help="folder for traces/, cache/ and controller/ (re-running resumes)")
     p.add_argument("--gen-length", type=gen_length_int, default=64, metavar="N",
                    help=option_help("--gen-length"))
