@@ -347,9 +347,9 @@ def check_same(target):
     """
     import torch
 
-    from tracelock.ops import _triton_state, requested_impl
+    from tracelock.ops.chooser import requested_impl, why_not
 
-    triton = requested_impl(None) in (None, "triton") and _triton_state(target.model.device) is None
+    triton = requested_impl(None) in (None, "triton") and why_not("triton", target.model.device) is None
 
     def check(ref, got, spec=None) -> float:
         (ref_tokens, ref_stats), (tokens, stats) = ref, got

@@ -43,9 +43,9 @@ def test_fused_equals_reference_on_cuda(model, name, args, impl, schedule):
 
 
 def test_default_impls_on_cuda():
-    from tracelock.ops import _pick_impl
+    from tracelock.ops import pick
 
     cuda = torch.device("cuda")
     expected = "cuda" if _ext.has_cuda_ext() else "torch"
-    assert _pick_impl("apply_commits", None, cuda) == expected
-    assert _pick_impl("window_logits_stats", None, cuda) == "triton"
+    assert pick("apply_commits", None, cuda) == expected
+    assert pick("window_logits_stats", None, cuda) == "triton"

@@ -1,5 +1,5 @@
 """The backbone step fused: q/k/v and gate/up as one product each under the released names, the per-layer ops
-(`ops.backbone_kernels`) chosen once, their Triton kernels in a whole decode (interpreted on the CPU) giving the
+(`ops.op_set`) chosen once, their Triton kernels in a whole decode (interpreted on the CPU) giving the
 reference's tokens, and every engine backbone variant decoding the same tokens (fp32 CPU)."""
 
 import pytest
@@ -34,12 +34,15 @@ def test_the_released_names_are_views_of_the_fused_products(model):
 
 def test_the_forward_ops_are_chosen_once(monkeypatch):
     # the eager loop never runs the CPU interpreter for the backbone unless asked: every layer would pay for it
-    assert set(ops.backbone_kernels("cpu").impls.values()) == {"torch"}
-    assert set(ops.backbone_kernels("cpu", "kernels+matmul", graph=True).impls.values()) == {"torch"}
+    def per_layer(op_set):
+        return {op_set.impls[op] for op in ops.PER_LAYER}
+
+    assert per_layer(ops.op_set("cpu")) == {"torch"}
+    assert per_layer(ops.op_set("cpu", "graph", backbone="kernels+matmul")) == {"torch"}
     with pytest.raises(ValueError, match="backbone='fused' must be one of kernels, specs, kernels\\+matmul"):
-        ops.backbone_kernels("cpu", "fused")
+        ops.op_set("cpu", backbone="fused")
     monkeypatch.setenv("TRACELOCK_IMPL", "torch")
-    assert set(ops.backbone_kernels("cpu").impls.values()) == {"torch"}
+    assert per_layer(ops.op_set("cpu")) == {"torch"}
 
 
 @pytest.mark.parametrize("cache", [None, "dual"], ids=["nocache", "dual"])
@@ -50,7 +53,7 @@ def test_the_triton_backbone_kernels_decode_the_reference_tokens(model, cache):
 
     if not _triton.triton_interpret:
         pytest.skip("the Triton kernels run on a CPU only under TRITON_INTERPRET=1 (tests/conftest.py sets it)")
-    assert set(ops.backbone_kernels("cpu", impl="triton").impls.values()) == {"triton"}
+    assert {ops.op_set("cpu", impl="triton").impls[op] for op in ops.PER_LAYER} == {"triton"}
     prompts = random_prompts(model)[:2]
     kw = dict(policy="threshold", policy_args={"tau": 0.7}, gen_length=G, window=8, cache=cache)
     ref, ref_stats = tracelock.reference_generate(model, prompts, **kw)
@@ -66,7 +69,7 @@ def test_every_engine_backbone_decodes_the_same_tokens(model, backbone):
     prompts = random_prompts(model)
     kw = dict(policy="threshold", policy_args={"tau": 0.7}, gen_length=G, block=4, cache="dual")
     rows, engine = decode_on_engine(model, prompts, backbone=backbone, **kw)
-    assert engine.kernels.epilogues == (backbone == "kernels+matmul")
+    assert engine.ops.epilogues == (backbone == "kernels+matmul")
     for r, prompt in enumerate(prompts):
         assert_same_decode(rows[r], tracelock.fused_generate(model, [prompt], **kw), f"{backbone} row {r}")
 

@@ -105,7 +105,7 @@ def test_add_rms_norm_dispatch(residual):
     ref = ops.add_rms_norm(x, r, w, 1e-5, impl="torch")
     tri = ops.add_rms_norm(x, r, w, 1e-5, impl="triton")
     check(ref, tri, x, r)
-    assert ops._pick_impl("add_rms_norm", None, torch.device(DEVICE)) == "triton"
+    assert ops.pick("add_rms_norm", None, torch.device(DEVICE)) == "triton"
 
 
 def test_add_rms_norm_unavailable_triton(monkeypatch):

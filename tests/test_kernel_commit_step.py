@@ -266,7 +266,7 @@ def test_commit_step_dispatch_torch_equals_triton(rule):
                                    impl=impl, **kw)
         got[impl] = (x_i, state_i, first, n)
     assert all(torch.equal(a, b) for a, b in zip(got["torch"], got["triton"]))
-    assert ops._pick_impl("commit_step", None, torch.device(DEVICE)) == "triton"
+    assert ops.pick("commit_step", None, torch.device(DEVICE)) == "triton"
 
 
 def test_commit_step_unavailable_triton(monkeypatch):

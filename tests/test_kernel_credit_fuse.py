@@ -146,7 +146,7 @@ def test_credit_fuse_dispatch_torch_is_the_spec():
     got = ops.credit_fuse(logits, torch_credit, boost, fresh, 0.7, 1, 0.9, impl="torch")
     assert all(torch.equal(a, b) for a, b in zip(ref, got)) and torch.equal(ref_credit, torch_credit)
     assert ops.IMPLEMENTATIONS["credit_fuse"] == ("triton", "torch")
-    assert ops._pick_impl("credit_fuse", None, torch.device(DEVICE)) == "triton"
+    assert ops.pick("credit_fuse", None, torch.device(DEVICE)) == "triton"
     tri_credit = credit.clone()
     tri = ops.credit_fuse(logits, tri_credit, boost, fresh, 0.7, 1.0, 0.9, impl="triton")
     assert torch.equal(ref[0], tri[0])

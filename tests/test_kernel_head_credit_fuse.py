@@ -166,7 +166,7 @@ def test_head_credit_fuse_dispatch():
     got = ops.head_credit_fuse(hidden, weight, torch_credit, boost, fresh, 0.7, 1, 0.9, impl="torch")
     assert all(torch.equal(a, b) for a, b in zip(ref, got)) and torch.equal(ref_credit, torch_credit)
     assert ops.IMPLEMENTATIONS["head_credit_fuse"] == ("triton", "torch")
-    assert ops._pick_impl("head_credit_fuse", None, torch.device(DEVICE)) == "triton"
+    assert ops.pick("head_credit_fuse", None, torch.device(DEVICE)) == "triton"
     # rows strided (a view of a wider buffer), each row contiguous
     wide = torch.cat([hidden, hidden], 1)[:, :32]
     tri = ops.head_credit_fuse(wide, weight, tri_credit, boost, fresh, 0.7, 1.0, 0.9, impl="triton")

@@ -150,7 +150,7 @@ def test_head_step_kl_dispatch():
     got = ops.head_step_kl(hidden, weight, *torch_mem, impl="torch")
     assert all(torch.equal(a, b) for a, b in zip((*ref, *ref_mem), (*got, *torch_mem)))
     assert ops.IMPLEMENTATIONS["head_step_kl"] == ("triton", "torch")
-    assert ops._pick_impl("head_step_kl", None, torch.device(DEVICE)) == "triton"
+    assert ops.pick("head_step_kl", None, torch.device(DEVICE)) == "triton"
     tri = ops.head_step_kl(torch.cat([hidden, hidden], 1)[:, :32], weight, *tri_mem, impl="triton")
     assert torch.equal(ref[0], tri[0])
     assert_close("kl", ref[2], tri[2], atol=ATOL, rtol=RTOL)

@@ -155,7 +155,7 @@ def test_head_topk_js_dispatch():
     got = ops.head_topk_js(hidden, weight, *prev, impl="torch")
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
     assert ops.IMPLEMENTATIONS["head_topk_js"] == ("triton", "torch")
-    assert ops._pick_impl("head_topk_js", None, torch.device(DEVICE)) == "triton"
+    assert ops.pick("head_topk_js", None, torch.device(DEVICE)) == "triton"
     tri = ops.head_topk_js(torch.cat([hidden, hidden], 1)[:, :32], weight, *prev, impl="triton")
     assert torch.equal(ref[0], tri[0])
     assert_close("js", ref[2], tri[2], atol=ATOL, rtol=RTOL)

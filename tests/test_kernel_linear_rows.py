@@ -144,7 +144,7 @@ def test_linear_rows_ref_is_the_unfused_torch():
 def test_linear_rows_dispatch_torch_equals_triton():
     args = make_inputs(33, 77, 131, torch.bfloat16, True, True, "silu_mul")
     check(ops.linear_rows(*args, impl="torch"), ops.linear_rows(*args, impl="triton"), torch.bfloat16)
-    assert ops._pick_impl("linear_rows", None, torch.device(DEVICE)) == "triton"
+    assert ops.pick("linear_rows", None, torch.device(DEVICE)) == "triton"
     assert ops.IMPLEMENTATIONS["linear_rows"] == ("triton", "torch")
 
 

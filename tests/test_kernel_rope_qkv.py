@@ -132,7 +132,7 @@ def test_rope_qkv_dispatch(cached):
         if cached:
             assert out[1] is args[3] and out[2] is args[4]
     assert all(torch.equal(a, b) for a, b in zip(got["torch"], got["triton"]))
-    assert ops._pick_impl("rope_qkv", None, torch.device(DEVICE)) == "triton"
+    assert ops.pick("rope_qkv", None, torch.device(DEVICE)) == "triton"
 
 
 def test_rope_qkv_unavailable_triton(monkeypatch):

@@ -128,7 +128,7 @@ def test_step_kl_dispatch_torch_is_the_spec():
         got = ops.step_kl(logits, torch_prev, impl="torch")
         assert all(torch.equal(a, b) for a, b in zip(ref, got)) and torch.equal(ref_prev, torch_prev)
     assert ops.IMPLEMENTATIONS["step_kl"] == ("triton", "torch")
-    assert ops._pick_impl("step_kl", None, torch.device(DEVICE)) == "triton"
+    assert ops.pick("step_kl", None, torch.device(DEVICE)) == "triton"
     tri_prev = prev.clone()
     tri = ops.step_kl(logits, tri_prev, impl="triton")
     assert torch.equal(ref[0], tri[0])

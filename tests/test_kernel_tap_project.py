@@ -77,7 +77,7 @@ def test_tap_project_dispatch_torch_equals_triton():
     tri_out = ops.tap_project(*args, impl="triton")
     assert_close("out", torch_out, tri_out, atol=ATOL * torch_out.abs().max().item(), rtol=RTOL)
     # no impl: triton, since it runs here (CUDA or the interpreter)
-    assert ops._pick_impl("tap_project", None, torch.device(DEVICE)) == "triton"
+    assert ops.pick("tap_project", None, torch.device(DEVICE)) == "triton"
 
 
 @pytest.mark.parametrize(

@@ -147,7 +147,7 @@ def test_topk_js_dispatch_torch_is_the_spec():
     got = ops.topk_js(*args, impl="torch")
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
     assert ops.IMPLEMENTATIONS["topk_js"] == ("triton", "torch")
-    assert ops._pick_impl("topk_js", None, torch.device(DEVICE)) == "triton"
+    assert ops.pick("topk_js", None, torch.device(DEVICE)) == "triton"
     tri = ops.topk_js(*args, impl="triton")
     assert torch.equal(ref[0], tri[0])
     assert_close("js", ref[2], tri[2], atol=JS_ATOL, rtol=RTOL)

@@ -135,7 +135,7 @@ def test_window_logits_stats_dispatch_torch_equals_triton():
     torch_out = ops.window_logits_stats(hidden, weight, 7, impl="torch")
     tri_out = ops.window_logits_stats(hidden, weight, 7, impl="triton")
     check_against_ref(torch_out, tri_out, hidden, weight)
-    assert ops._pick_impl("window_logits_stats", None, torch.device(DEVICE)) == "triton"
+    assert ops.pick("window_logits_stats", None, torch.device(DEVICE)) == "triton"
 
 
 def test_window_logits_stats_unavailable_triton(monkeypatch):

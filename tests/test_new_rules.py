@@ -13,7 +13,7 @@ import torch
 import tracelock
 from tracelock.decode import step as verbs
 from tracelock.decode.engine import DecodeEngine
-from tracelock.decode.loop import REFERENCE_VOCAB_OPS
+from tracelock.ops import spec_set
 from tracelock.policies import POLICIES, StepInput, make_policy
 from tracelock.policies.hierarchy import run_best
 from tracelock.reference import reference_generate
@@ -140,16 +140,16 @@ def test_credit_memory_decays_boosts_and_restarts():
     memory = _memory(policy, 1)
     logits = torch.log(torch.tensor([[[0.5, 0.3, 0.2] + [1e-9] * 7]]))
     active, fresh = torch.ones(1, 1, dtype=torch.bool), torch.tensor([True])
-    policy.vocab_pass(REFERENCE_VOCAB_OPS, logits, memory, active, fresh, 1)
+    policy.vocab_pass(spec_set(), logits, memory, active, fresh, 1)
     assert torch.allclose(memory["credit"][0, 0, :3], torch.tensor([0.5, 0.0, 0.0]), atol=1e-6)
-    policy.vocab_pass(REFERENCE_VOCAB_OPS, logits, memory, active, torch.tensor([False]), 1)
+    policy.vocab_pass(spec_set(), logits, memory, active, torch.tensor([False]), 1)
     assert torch.allclose(memory["credit"][0, 0, 0], torch.tensor(0.5 * 0.5 + 0.5), atol=1e-6)  # decay, then boost
-    out = policy.vocab_pass(REFERENCE_VOCAB_OPS, logits, memory, active, fresh, 1)  # a new block starts over
+    out = policy.vocab_pass(spec_set(), logits, memory, active, fresh, 1)  # a new block starts over
     assert torch.allclose(memory["credit"][0, 0, 0], torch.tensor(0.5), atol=1e-6)
     fused = logits[0, 0] + torch.log(memory["credit"][0, 0] + 1)
     assert out["proposal"].item() == 0 and torch.allclose(out["confidence"][0, 0], fused.softmax(-1)[0])
     # an unmasked slot decays but gains nothing
-    policy.vocab_pass(REFERENCE_VOCAB_OPS, logits, memory, ~active, torch.tensor([False]), 1)
+    policy.vocab_pass(spec_set(), logits, memory, ~active, torch.tensor([False]), 1)
     assert torch.allclose(memory["credit"][0, 0, 0], torch.tensor(0.25), atol=1e-6)
 
 
@@ -159,13 +159,13 @@ def test_klass_memory_is_stable_after_history_steps_and_moves_with_the_block():
     logits = torch.randn(1, 4, 10)
     active, not_fresh = torch.ones(1, 4, dtype=torch.bool), torch.tensor([False])
     # against the zero start the KL is large; the same distribution twice more gives KL 0 twice
-    stable = [policy.vocab_pass(REFERENCE_VOCAB_OPS, logits, memory, active, not_fresh, 2)["stable"][0].tolist()
+    stable = [policy.vocab_pass(spec_set(), logits, memory, active, not_fresh, 2)["stable"][0].tolist()
               for _ in range(3)]
     assert stable == [[False] * 4, [False] * 4, [True] * 4]
     # a new block: the region takes what the next region gathered, the new next region starts empty
     tail = memory["prev"][0, 2:].clone()
     memory["kl_ring"][0, 2:] = 1.0  # unstable history of the next block's slots
-    out = policy.vocab_pass(REFERENCE_VOCAB_OPS, logits, memory, active, torch.tensor([True]), 2)
+    out = policy.vocab_pass(spec_set(), logits, memory, active, torch.tensor([True]), 2)
     assert out["stable"][0].tolist() == [False, False, False, False]
     assert torch.allclose(memory["prev"][0, :2], logits[0, :2].double().softmax(-1).float())
     assert memory["kl_ring"][0, :2, 0].tolist() == [1.0, 1.0] and tail.sum() > 0
@@ -178,7 +178,7 @@ def test_less_accepts_after_persist_forwards_and_restarts_with_the_block():
     active = torch.ones(1, 1, dtype=torch.bool)
 
     def accepted(fresh):
-        return policy.vocab_pass(REFERENCE_VOCAB_OPS, logits, memory, active, torch.tensor([fresh]), 1)[
+        return policy.vocab_pass(spec_set(), logits, memory, active, torch.tensor([fresh]), 1)[
             "accepted"].item()
 
     # forward 1: no previous pass (drift 1); forward 2: one previous top-1 of the two asked; forward 3: accepted

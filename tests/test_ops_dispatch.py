@@ -5,6 +5,7 @@ import torch
 
 from tracelock import _ext, ops
 from tracelock.kernels.ref import apply_commits_ref
+from tracelock.ops.chooser import why_not
 from tracelock.states import ACTIVE, LOCKED
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -37,16 +38,16 @@ def make_inputs(B=2, L=8):
 )
 def test_apply_commits_default_order(monkeypatch, cpp, cuda, device, expected):
     fake_ext(monkeypatch, cpp, cuda)
-    assert ops._pick_impl("apply_commits", None, device) == expected
+    assert ops.pick("apply_commits", None, device) == expected
 
 
 def test_apply_commits_env_impl(monkeypatch):
     fake_ext(monkeypatch, True, False)
     monkeypatch.setenv("TRACELOCK_IMPL", "torch")
-    assert ops._pick_impl("apply_commits", None, CPU) == "torch"
+    assert ops.pick("apply_commits", None, CPU) == "torch"
     # an explicit impl= wins over the environment
     monkeypatch.setenv("TRACELOCK_IMPL", "cuda")
-    assert ops._pick_impl("apply_commits", "cpp", CPU) == "cpp"
+    assert ops.pick("apply_commits", "cpp", CPU) == "cpp"
 
 
 @pytest.mark.parametrize("source", ["arg", "env"])
@@ -63,8 +64,8 @@ def test_apply_commits_unknown_impl(monkeypatch, source):
         pytest.param("triton", True, True, CPU, ValueError, "no 'triton' implementation; available: cuda, cpp, torch",
                      id="triton-missing-for-op"),
         pytest.param("cpp", False, False, CPU, RuntimeError, "pip install -e . --no-build-isolation", id="cpp-no-ext"),
-        pytest.param("cpp", True, True, CUDA, RuntimeError, "runs on CPU tensors", id="cpp-on-cuda"),
-        pytest.param("cuda", True, True, CPU, RuntimeError, "runs on CUDA tensors", id="cuda-on-cpu"),
+        pytest.param("cpp", True, True, CUDA, RuntimeError, "run on CPU tensors", id="cpp-on-cuda"),
+        pytest.param("cuda", True, True, CPU, RuntimeError, "run on a CUDA device", id="cuda-on-cpu"),
         pytest.param("cuda", True, False, CUDA, RuntimeError,
                      "built without CUDA; rebuild with `TRACELOCK_BUILD_CUDA=1 pip install -e . --no-build-isolation`",
                      id="cuda-cpu-only-ext"),
@@ -75,7 +76,7 @@ def test_apply_commits_unknown_impl(monkeypatch, source):
 def test_apply_commits_unavailable_impl(monkeypatch, impl, cpp, cuda, device, exc, match):
     fake_ext(monkeypatch, cpp, cuda)
     with pytest.raises(exc, match=match):
-        ops._pick_impl("apply_commits", impl, device)
+        ops.pick("apply_commits", impl, device)
 
 
 @pytest.mark.parametrize("impl", [None, "torch", "cpp"], ids=["default", "torch", "cpp"])
@@ -131,22 +132,24 @@ def test_one_table_decides_every_driver(monkeypatch, cpp):
     fake_ext(monkeypatch, cpp, False)
     monkeypatch.delenv("TRACELOCK_IMPL", raising=False)
     bookkeeping = "cpp" if cpp else "torch"
-    triton = "triton" if ops._triton_state(CPU) is None else "torch"  # the interpreter, where TRITON_INTERPRET=1
+    triton = "triton" if why_not("triton", CPU) is None else "torch"  # where TRITON_INTERPRET=1
     # the kernel ops: a Triton kernel and its torch spec, nothing else
     kernels = [op for op, impls in ops.IMPLEMENTATIONS.items() if impls == ("triton", "torch")]
     assert {"window_logits_stats", "tap_project", "commit_step"} <= set(kernels)
     want = {
         "torch": dict.fromkeys(ops.IMPLEMENTATIONS, "torch"),
         "triton": dict(apply_commits="torch", skip_finished_blocks="torch", **dict.fromkeys(kernels, "triton")),
-        None: dict(apply_commits=bookkeeping, skip_finished_blocks=bookkeeping, **dict.fromkeys(kernels, triton)),
+        # the per-layer ops never take the interpreter by default: a whole decode would pay for it in every layer
+        None: dict(apply_commits=bookkeeping, skip_finished_blocks=bookkeeping,
+                   **{op: "torch" if op in ops.PER_LAYER else triton for op in kernels}),
     }
     if cpp:
         want["cpp"] = dict(apply_commits="cpp", skip_finished_blocks="cpp", **dict.fromkeys(kernels, "torch"))
     for impl, expected in want.items():
         if impl == "triton" and triton == "torch":
             continue
-        assert ops.op_set(impl, CPU).impls == expected, impl
-    graph = ops.op_set(None, CPU, graph=True)
+        assert ops.op_set(CPU, impl=impl).impls == expected, impl
+    graph = ops.op_set(CPU, "graph")
     assert graph.impls == dict(want[None], **dict.fromkeys(kernels, "torch"))
     # a graph gets the implementations themselves: the torch block advance is the loop-free one, not the spec
     from tracelock.kernels.ref import commit_step_ref
@@ -154,11 +157,11 @@ def test_one_table_decides_every_driver(monkeypatch, cpp):
 
     assert graph.commit_step is commit_step_ref
     # inductor takes the torch bookkeeping (it mis-ordered reads around the C++ op's in-place writes)
-    assert set(ops.op_set(None, CPU, graph=True, inductor=True).impls.values()) == {"torch"}
+    assert set(ops.op_set(CPU, "inductor").impls.values()) == {"torch"}
     if not cpp:
         assert graph.skip_finished_blocks is skip_finished_blocks_torch
     monkeypatch.setenv("TRACELOCK_IMPL", "torch")  # the environment picks for fused_generate, never for a graph
-    assert set(ops.op_set(None, CPU).impls.values()) == {"torch"} and ops.op_set(None, CPU, graph=True) == graph
+    assert set(ops.op_set(CPU).impls.values()) == {"torch"} and ops.op_set(CPU, "graph") == graph
 
 
 def test_fused_generate_and_the_engine_take_their_ops_from_the_table(monkeypatch):
@@ -167,9 +170,9 @@ def test_fused_generate_and_the_engine_take_their_ops_from_the_table(monkeypatch
 
     seen = []
     real = ops.op_set
-    monkeypatch.setattr(ops, "op_set", lambda *a, **k: seen.append(k.get("graph", False)) or real(*a, **k))
+    monkeypatch.setattr(ops, "op_set", lambda *a, **k: seen.append(a[1] if len(a) > 1 else "eager") or real(*a, **k))
     model = tracelock.load_model("testbed")
     tracelock.fused_generate(model, [[5, 6, 7]], policy="confidence", gen_length=8, block=4, impl="torch")
     engine = DecodeEngine(model, policy="confidence", gen_length=8, block=4)
-    assert seen == [False, True]
-    assert engine.ops.impls == real(None, model.device, graph=True).impls
+    assert seen == ["eager", "graph"]
+    assert engine.ops.impls == real(model.device, "graph").impls

@@ -10,6 +10,7 @@ import torch
 import tracelock
 from tracelock import _triton, ops, selfcheck
 from tracelock.kernels import ref
+from tracelock.ops.chooser import graph_fn
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not _triton.triton_available or not (_triton.triton_interpret or
@@ -45,7 +46,7 @@ def wrong(op):
 
 
 def register(monkeypatch, op, kernel):
-    """Register ``kernel`` as ``op``'s Triton implementation (what `ops._raw` looks up)."""
+    """Register ``kernel`` as ``op``'s Triton implementation (what `tracelock.ops.chooser.implementation` looks up)."""
     monkeypatch.setattr(importlib.import_module(f"tracelock.kernels.{op}"), f"{op}_triton", kernel)
 
 
@@ -115,7 +116,7 @@ def test_selfcheck_off(monkeypatch):
 
 def test_graphs_hold_checked_kernels(monkeypatch):
     register(monkeypatch, "silu_mul", wrong("silu_mul"))
-    fn = ops._graph_fn("silu_mul", "triton")
+    fn = graph_fn("silu_mul", "triton")
     x = torch.randn(2, 8, device=DEVICE)
     with pytest.warns(RuntimeWarning, match="silu_mul"):
         assert torch.equal(fn(x), ref.silu_mul_ref(x))

@@ -24,7 +24,7 @@ def ops_report(device) -> dict:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     out = {}
     for op in ops.IMPLEMENTATIONS:
-        impl = ops._pick_impl(op, None, device)
+        impl = ops.pick(op, None, device)
         if impl != "triton":
             out[f"op {op}"] = impl
         elif not selfcheck.enabled():

@@ -72,8 +72,5 @@ def fused_generate(model, input_ids, settings: DecodeSettings | None = None, *, 
         warn_eager(reason)
     device = _device_of(model)
     ops.check_impl(impl, device)
-    bound = ops.op_set(impl, device)
-    return run_decode(model, input_ids, settings, attention_mask=attention_mask, observer=observer,
-                      apply_commits=bound.apply_commits, skip_finished_blocks=bound.skip_finished_blocks,
-                      window_logits_stats=bound.window_logits_stats, tap_project=bound.tap_project,
-                      commit_step=bound.commit_step, kernels=ops.backbone_kernels(device, impl=impl), vocab_ops=bound)
+    return run_decode(model, input_ids, settings, ops.op_set(device, impl=impl), attention_mask=attention_mask,
+                      observer=observer)

@@ -1,10 +1,10 @@
-"""`reference_generate`: the executable spec of a decoding run, calling only the ``*_ref`` ops."""
+"""`reference_generate`: the executable spec of a decoding run, calling only the ``*_ref`` ops (the spec set)."""
 
 from tracelock.api import entry_settings
 from tracelock.decode.loop import run_decode
 from tracelock.decode.settings import DecodeSettings
-from tracelock.kernels.ref import apply_commits_ref, skip_finished_blocks_ref
 from tracelock.models.from_transformers import as_backbone
+from tracelock.ops import spec_set
 
 
 def reference_generate(model, input_ids, settings: DecodeSettings | None = None, *, attention_mask=None, impl=None,
@@ -22,5 +22,4 @@ def reference_generate(model, input_ids, settings: DecodeSettings | None = None,
                          "Use tracelock.fused_generate(..., impl=...) to pick an implementation")
     model = as_backbone(model)  # a LLaDA / Dream module loaded with transformers too
     settings = entry_settings(model, input_ids, settings, fields, "reference_generate")
-    return run_decode(model, input_ids, settings, attention_mask=attention_mask, observer=observer,
-                      apply_commits=apply_commits_ref, skip_finished_blocks=skip_finished_blocks_ref)
+    return run_decode(model, input_ids, settings, spec_set(), attention_mask=attention_mask, observer=observer)

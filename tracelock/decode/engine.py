@@ -116,7 +116,7 @@ class DecodeEngine:
             functions as CUDA graphs, no compile time. Sampling and stochastic policies cannot (their draws come from
             a ``torch.Generator``): they warn and run uncompiled. Default: False.
         backend (str | callable, optional): the torch.compile backend with ``compile=True``. Default: inductor.
-        backbone (str): the backbone's per-layer ops (`tracelock.ops.backbone_kernels`): "kernels", each op's
+        backbone (str): the backbone's per-layer ops (`tracelock.ops.op_set`): "kernels", each op's
             default (the Triton kernels on CUDA: fused residual add + RMSNorm, rotary with the K/V write, SiLU x mul;
             their specs on a CPU), with cuBLAS's matrix products; "specs", the plain-PyTorch specs (a compiled step
             lets inductor fuse them itself); "kernels+matmul", the Triton kernels and the Triton weight-streaming
@@ -141,11 +141,10 @@ class DecodeEngine:
                              "which runs it on the eager loop")
         if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots < 1 << _BITS:
             raise ValueError(f"slots={slots!r} must be an int in [1, {(1 << _BITS) - 1}] (the batch rows)")
-        # the per-step ops as a graph can hold them: each op's default implementation where it is traceable
-        # (Triton and the CUDA commits on CUDA, the C++ ops or the torch specs on CPU; no host sync), the torch
-        # bookkeeping under inductor
-        self.ops = ops.op_set(None, model.device, graph=True, inductor=compile is True)
-        self.kernels = ops.backbone_kernels(model.device, backbone, graph=True)
+        # the ops as a graph can hold them: each op's default implementation where it is traceable (Triton and the
+        # CUDA commits on CUDA, the C++ ops or the torch specs on CPU; no host sync), the torch bookkeeping under
+        # inductor
+        self.ops = ops.op_set(model.device, "inductor" if compile is True else "graph", backbone=backbone)
         schedule, self.policy = verbs.setup_run(settings, self.ops.skip_finished_blocks)
         gen_length = settings.gen_length
         spec = model.spec
@@ -483,7 +482,7 @@ class DecodeEngine:
     def _forward(self, rows, query, tap_positions, **cache_args):
         return verbs.forward_rows(self.model, self._canvas(rows), slice(None), query, tap_positions, 0.0,
                                   window_logits_stats=self.window_logits_stats, tap_project=self.tap_project,
-                                  kernels=self.kernels, **cache_args)
+                                  kernels=self.ops, **cache_args)
 
     def _forward_plain(self, k: int):
         live, _, _ = self._row_groups()

@@ -1,11 +1,12 @@
 """The eager decoding loop: prepare -> (forward -> signals -> close the step -> advance)* over the live rows.
 
-`reference_generate` runs it with the plain-PyTorch ``*_ref`` ops: the forward returns the full [b, R, V]
-logits and the raw taps, and the signals and the policy's inputs are computed from them afterwards.
-`fused_generate` runs it with the op dispatcher, and for greedy decoding without CFG the backbone forward
-itself calls the ops: `ops.window_logits_stats` in place of the LM head, so the logits are never written, and,
-for a policy with a linear tap fold (`Policy.tap_fold`: TraceLock with a linear encoder), `ops.tap_project`
-on the three taps, so the policy gets its controller inputs (``StepInput.tap_inputs``) instead of the taps.
+`reference_generate` runs it with the spec set (`tracelock.ops.spec_set`, the plain-PyTorch ``*_ref`` ops): the
+forward returns the full [b, R, V] logits and the raw taps, and the signals and the policy's inputs are computed
+from them afterwards. `fused_generate` runs it with the checked ops (`tracelock.ops.op_set`), and for greedy
+decoding without CFG the backbone forward itself calls the ops: `ops.window_logits_stats` in place of the LM
+head, so the logits are never written, and, for a policy with a linear tap fold (`Policy.tap_fold`: TraceLock with
+a linear encoder), `ops.tap_project` on the three taps, so the policy gets its controller inputs
+(``StepInput.tap_inputs``) instead of the taps.
 The two must give identical tokens and step counts. With ``cache="prefix"|"dual"`` both run the same approximate
 KV cache (`tracelock.decode.kv_cache`). The step's verbs are `tracelock.decode.step`'s, which the compiled engine
 (`tracelock.decode.engine`) calls too.
@@ -13,7 +14,6 @@ KV cache (`tracelock.decode.kv_cache`). The step's verbs are `tracelock.decode.s
 
 from dataclasses import dataclass
 from functools import partial
-from types import SimpleNamespace
 
 import torch
 
@@ -21,10 +21,7 @@ from tracelock.decode import step as verbs
 from tracelock.decode.canvas import prepare_canvas
 from tracelock.decode.kv_cache import DecodeKVCache
 from tracelock.decode.settings import DecodeSettings
-from tracelock.kernels.ref import credit_fuse_ref, step_kl_ref, topk_js_ref
-
-# the vocabulary ops of the rules that remember (`Policy.vocab_pass`) as their specs: the reference's
-REFERENCE_VOCAB_OPS = SimpleNamespace(credit_fuse=credit_fuse_ref, step_kl=step_kl_ref, topk_js=topk_js_ref)
+from tracelock.ops import OpSet
 
 
 @dataclass
@@ -92,21 +89,16 @@ def _vocab_pass(policy, vocab_ops, head, memory: dict, rows, region, state, regi
 
 
 @torch.no_grad()
-def run_decode(model, input_ids, settings: DecodeSettings, *, attention_mask=None, apply_commits, skip_finished_blocks,
-               window_logits_stats=None, tap_project=None, commit_step=None, kernels=None, observer=None,
-               vocab_ops=None):
+def run_decode(model, input_ids, settings: DecodeSettings, ops: OpSet, *, attention_mask=None, observer=None):
     """The loop behind `fused_generate` and `reference_generate` (see there): decode ``input_ids`` with
-    ``settings``. ``observer``, when given, is called with a `StepRecord` at every step (trace recording).
-    ``apply_commits`` and ``skip_finished_blocks`` are the per-step bookkeeping ops (`tracelock.ops` or their specs).
-    ``window_logits_stats`` (fused only) scores greedy steps without CFG inside the forward, from the LM head's input;
-    other steps, and the reference, go through the logits. ``tap_project`` (fused only, with
-    ``window_logits_stats``) folds the taps inside those forwards for a policy whose `Policy.tap_fold` is not None.
-    ``commit_step`` (fused only) closes the steps of policies with a ``commit_rule`` (not with an observer, which
-    needs the chosen slots: `select` decides those steps by the same rule's spec). ``kernels`` (fused only): the
-    backbone's per-layer ops (`tracelock.ops.backbone_kernels`); None runs their specs. ``vocab_ops``: the
-    vocabulary ops of a rule that remembers (`Policy.vocab_pass`: an `tracelock.ops.OpSet`); None runs their specs."""
+    ``settings`` and ``ops`` (`tracelock.ops.op_set`, or the spec set). ``observer``, when given, is called with a
+    `StepRecord` at every step (trace recording). With a fused op set (``ops.fused``) greedy steps without CFG are
+    scored inside the forward from the LM head's input (`ops.window_logits_stats`), with the taps folded there too
+    for a policy whose `Policy.tap_fold` is not None (`ops.tap_project`), and the steps of policies with a
+    ``commit_rule`` close in `ops.commit_step` (not with an observer, which needs the chosen slots: `select` decides
+    those steps by the same rule's spec); other steps, and the spec set, go through the logits."""
     verbs.check_model(model)
-    schedule, policy = verbs.setup_run(settings, skip_finished_blocks)
+    schedule, policy = verbs.setup_run(settings, ops.skip_finished_blocks)
     temperature, cfg_scale, cache = settings.temperature, settings.cfg_scale, settings.cache
     spec, device = model.spec, model.device
     canvas = prepare_canvas(spec, input_ids, attention_mask, settings.gen_length, device)
@@ -119,16 +111,16 @@ def run_decode(model, input_ids, settings: DecodeSettings, *, attention_mask=Non
         canvas.attention_mask = torch.ones((B, L), dtype=torch.bool, device=device)
     counters = schedule.start(canvas.state, canvas.prompt_len, S)
     first_active = torch.full((B,), canvas.prompt_len, dtype=torch.long, device=device)
-    window_logits_stats, tap_project = verbs.forward_ops(policy, model, window_logits_stats=window_logits_stats,
-                                                         tap_project=tap_project, temperature=temperature,
-                                                         cfg_scale=cfg_scale, filtered=settings.filtered)
+    window_logits_stats, tap_project = verbs.forward_ops(
+        policy, model, window_logits_stats=ops.window_logits_stats if ops.fused else None,
+        tap_project=ops.tap_project if ops.fused else None, temperature=temperature, cfg_scale=cfg_scale,
+        filtered=settings.filtered)
     forward = partial(verbs.forward_rows, model, canvas, cfg_scale=cfg_scale, window_logits_stats=window_logits_stats,
-                      tap_project=tap_project, kernels=kernels)
+                      tap_project=tap_project, kernels=ops)
     kv = _kv_cache(model, settings, schedule, policy, tap_project, B, L)
-    commit_step = None if observer is not None else commit_step
+    commit_step = ops.commit_step if ops.fused and observer is None else None
     # a rule's memory across steps (`Policy.memory_spec`), one entry per row; {} for a rule without
     memory = verbs.allocate_memory(policy, B, verbs.memory_width(policy, schedule, cache), spec, device)
-    vocab_ops = vocab_ops or REFERENCE_VOCAB_OPS
     budget = verbs.step_budget(schedule, S)
     commits, forwards = [], 0
 
@@ -148,13 +140,13 @@ def run_decode(model, input_ids, settings: DecodeSettings, *, attention_mask=Non
         x, state = canvas.x[rows], canvas.state[rows]
         mask = None if canvas.attention_mask is None else canvas.attention_mask[rows]
         row_counters = counters.take(rows)
-        vocab = _vocab_pass(policy, vocab_ops, head, memory, rows, region, state, row_counters.region_step)
+        vocab = _vocab_pass(policy, ops, head, memory, rows, region, state, row_counters.region_step)
         inp = verbs.step_input(signals, region, state, row_counters, schedule, steps_per_region=S, rows=rows,
                                taps=taps, folded=tap_project is not None, attention_mask=mask, vocab=vocab)
         observe = None if observer is None else _recorder(observer, rows, counters.steps[rows], x, state, inp)
         first_active[rows], committed = verbs.close_step(
             policy, inp, region, x, state, mask, end_ids=end_ids, pad_id=spec.pad_id, stop_at_eot=settings.stop_at_eot,
-            apply_commits=apply_commits, commit_step=commit_step, generator=generator, observe=observe)
+            apply_commits=ops.apply_commits, commit_step=commit_step, generator=generator, observe=observe)
         canvas.x[rows], canvas.state[rows] = x, state
         if policy.eot_lookahead:  # its cut may have masked the rows' tails
             canvas.attention_mask[rows] = mask

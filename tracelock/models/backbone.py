@@ -86,20 +86,6 @@ def apply_rope(t, cos, sin, fp32: bool):
     return t * cos + _rotate_half(t) * sin
 
 
-_SPECS = None
-
-
-def spec_kernels():
-    """The per-layer ops' plain-PyTorch specs (`tracelock.ops.backbone_kernels` "specs"): a forward's default, and
-    what `reference_generate` runs."""
-    global _SPECS
-    if _SPECS is None:
-        from tracelock import ops
-
-        _SPECS = ops.backbone_kernels("cpu", "specs", graph=True)
-    return _SPECS
-
-
 class Attention(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -383,8 +369,8 @@ class DiffusionBackbone(nn.Module):
                 canvas [B, L]; the cache may hold more positions than L (only the first L are keys).
             kv_positions (torch.Tensor, optional): with ``kv_cache``, where in the cache the fresh keys/values go
                 [B, Q]. Default: ``query_positions``; the engine sends its padding rows to a spare position.
-            kernels (optional): the per-layer ops (``add_rms_norm``, ``rope_qkv``, ``silu_mul``), e.g.
-                `tracelock.ops.backbone_kernels`. Default: their plain-PyTorch specs.
+            kernels (optional): the per-layer ops (``add_rms_norm``, ``rope_qkv``, ``silu_mul``, ``linear``), e.g.
+                a `tracelock.ops.OpSet`. Default: their plain-PyTorch specs (`tracelock.ops.spec_set`).
             check_query (bool): with ``kv_cache`` on a CPU, check that they do (one host read; a caller that
                 builds its positions inside the query, as the static-shape engine does, passes False). Never
                 checked on CUDA or inside a compiled graph.
@@ -401,7 +387,10 @@ class DiffusionBackbone(nn.Module):
         B, L = input_ids.shape
         if position_ids is None:
             position_ids = self.positions_for(attention_mask, B, L)
-        kernels = kernels or spec_kernels()
+        if kernels is None:  # the specs: imported here, so that loading a model never loads tracelock._C
+            from tracelock.ops import spec_set
+
+            kernels = spec_set()
         # key-padding mask only: pad keys are hidden from everyone; pad query rows are never read. Built once per
         # forward as the additive mask SDPA uses (a boolean one is converted in every layer). Callers pass None when
         # nothing is padded (checking here would cost a host sync).

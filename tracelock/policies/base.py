@@ -204,7 +204,8 @@ class Policy:
         ``confidence``) replaces the step's proposal (its confidence): CreditDecoding proposes from its fused logits.
 
         Args:
-            ops: the vocabulary ops (`tracelock.ops.OpSet` or the specs): ``credit_fuse``, ``step_kl``, ``topk_js``.
+            ops: the decode's op set (`tracelock.ops.OpSet`; the spec set on the reference path): ``credit_fuse``,
+                ``step_kl``, ``topk_js``.
             logits (torch.Tensor): [b, W, V] the logits of the memory's slots (W = ``width`` of `memory_spec`).
             memory (dict): the rows' buffers, [b, W, ...] each.
             active (torch.BoolTensor): [b, W] the slot is a masked position of its region.
