@@ -25,6 +25,7 @@ from tracelock.cli_options import (
     add_runtime_options,
     add_schedule,
     add_settings,
+    add_testbed_tasks,
     option_help,
 )
 from tracelock.cli_parser import Parser, safe_echo
@@ -82,24 +83,20 @@ def _tiny_checkpoint(args):
     print(f"wrote a tiny random {args.family} checkpoint ({args.profile}) to {path}")
 
 
-def _generate(args):
-    from tracelock.generate_cli import run_generate
+def _imported_when_run(module: str, function: str):
+    """The command function ``module.function``, imported only when its command runs (so `tracelock --help` imports
+    no torch)."""
 
-    return run_generate(args)
+    def run(args):
+        return getattr(importlib.import_module(module), function)(args)
 
-
-def _demo(args):
-    from tracelock.testbed.demo import run_demo
-
-    return run_demo(args)
+    return run
 
 
 def _add_demo(sub):
     p = sub.add_parser("demo", help="decode held-out testbed items with every heuristic baseline; print the table")
     add_model(p, default="testbed")
-    p.add_argument("--tasks", default="testbed:math,testbed:code",
-                   help=option_help("--tasks", "this command runs only the testbed's two (math,code also "
-                                               "accepted)"))
+    add_testbed_tasks(p)
     add_limit(p, default=16, help="held-out items per task", old=("--n",))
     add_schedule(p, gen_length=64, block_default="16 when no --window is given", window_default="blocks, no window",
                  block_fallback=16)
@@ -126,21 +123,13 @@ def _add_demo(sub):
     p.add_argument("--controller", help="a `tracelock train --out` folder for the TraceLock row "
                                         "(default: the bundled model's shipped controller)")
     add_allow_uncontained(p)
-    p.set_defaults(func=_demo)
-
-
-def _testbed_eval(args):
-    from tracelock.testbed.demo import run_testbed_eval
-
-    return run_testbed_eval(args)
+    p.set_defaults(func=_imported_when_run("tracelock.testbed.demo", "run_demo"))
 
 
 def _add_testbed_eval(sub):
     p = sub.add_parser("testbed-eval", help="quality-vs-steps tables on held-out testbed items, JSON out")
     add_model(p, default="testbed")
-    p.add_argument("--tasks", default="testbed:math,testbed:code",
-                   help=option_help("--tasks", "this command runs only the testbed's two (math,code also "
-                                               "accepted)"))
+    add_testbed_tasks(p)
     add_limit(p, default=300, help="held-out items per task, drawn at random from the test split's pool of 2000",
               old=("--n",))
     add_settings(p, default="64/16,64/32,128/16,128/32", schedules=("block", "window"),
@@ -158,7 +147,7 @@ def _add_testbed_eval(sub):
     add_allow_uncontained(p)
     p.add_argument("--out", required=True, type=output_file,
                    help="JSON results file (settings already in it are skipped)")
-    p.set_defaults(func=_testbed_eval)
+    p.set_defaults(func=_imported_when_run("tracelock.testbed.demo", "run_testbed_eval"))
 
 
 def _testbed_train(args):
@@ -283,7 +272,7 @@ def _add_generate(sub):
     p.add_argument("--impl", choices=["torch", "cpp", "triton", "cuda"],
                    help="op implementation (default: $TRACELOCK_IMPL, else the fastest available)")
     p.add_argument("--out", type=output_file, help="JSONL output file (default: stdout)")
-    p.set_defaults(func=_generate)
+    p.set_defaults(func=_imported_when_run("tracelock.generate_cli", "run_generate"))
 
 
 def build_parser():

@@ -303,6 +303,13 @@ def split_tasks(text: str) -> list[str]:
     return out
 
 
+def add_testbed_tasks(parser) -> None:
+    """``--tasks`` of the commands that run the testbed's own tasks only (demo, testbed-eval: `testbed_task_names`)."""
+    parser.add_argument("--tasks", default="testbed:math,testbed:code",
+                        help=option_help("--tasks", "this command runs only the testbed's two (math,code also "
+                                                    "accepted)"))
+
+
 def testbed_task_names(text: str) -> list[str]:
     """``--tasks`` of the commands that run the testbed's own tasks only (demo, testbed-eval): their bare names."""
     names = []
