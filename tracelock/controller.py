@@ -28,7 +28,7 @@ from torch import nn
 
 from tracelock import states
 from tracelock.atomic import atomic_write_text
-from tracelock.integrity import CorruptFileError, load_tensors, read_json, save_tensors
+from tracelock.integrity import CorruptFileError, load_tensors, read_tagged_json, require_pair, save_tensors
 
 __all__ = ["COMMIT_RULES", "FALLBACKS", "FEATURE_SETS", "Controller", "ControllerConfig", "active_confidence",
            "check_commit_rule", "check_fingerprint", "commit_rule_named", "controller_fingerprint"]
@@ -256,13 +256,11 @@ class Controller(nn.Module):
         if path.is_dir():
             path = path / "best.safetensors"
         cfg_path = path.with_suffix(".json")
-        if not path.exists() or not cfg_path.exists():
-            raise FileNotFoundError(f"no controller at {path} (+ {cfg_path.name}); pass the .safetensors written by "
-                                    "`tracelock train` or its --out folder")
+        require_pair(path, cfg_path, what="controller",
+                     hint="pass the .safetensors written by `tracelock train` or its --out folder")
         fix = "restore the run folder from a copy or train the controller again with `tracelock train`"
-        raw = read_json(cfg_path, fix=fix)
-        if raw.pop("kind", None) != "tracelock-controller":
-            raise CorruptFileError(f"{cfg_path} is not a tracelock controller config; {fix}")
+        raw = read_tagged_json(cfg_path, key="kind", tag="tracelock-controller", what="tracelock controller config",
+                               fix=fix)
         try:
             config = ControllerConfig(**raw)
         except (TypeError, ValueError) as err:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from tracelock.atomic import atomic_write
 
-__all__ = ["CorruptFileError", "load_tensors", "read_json", "save_tensors", "tensors_digest"]
+__all__ = ["CorruptFileError", "load_tensors", "read_json", "read_tagged_json", "require_pair", "save_tensors",
+           "tensors_digest"]
 
 DIGEST_KEY = "tracelock_sha256"  # the only metadata key: safetensors orders several keys differently per process
 
@@ -76,3 +77,19 @@ def read_json(path, *, fix: str) -> dict:
     if not isinstance(obj, dict):
         raise CorruptFileError(f"{path} holds a JSON {type(obj).__name__}, not an object; {fix}")
     return obj
+
+
+def read_tagged_json(path, *, key: str, tag: str, what: str, fix: str) -> dict:
+    """The JSON object in ``path`` without its ``key`` field, which names what the file is and must be ``tag``
+    (else ``PATH is not a WHAT``, a `CorruptFileError`); ``fix`` as in `read_json`."""
+    obj = read_json(path, fix=fix)
+    if obj.pop(key, None) != tag:
+        raise CorruptFileError(f"{path} is not a {what}; {fix}")
+    return obj
+
+
+def require_pair(path: Path, beside: Path, *, what: str, hint: str) -> None:
+    """A saved ``what`` is two files, ``path`` and ``beside`` it (weights and their config): a missing one is a
+    FileNotFoundError that names both, ``no WHAT at PATH (+ BESIDE); HINT``."""
+    if not path.is_file() or not beside.is_file():
+        raise FileNotFoundError(f"no {what} at {path} (+ {beside.name}); {hint}")

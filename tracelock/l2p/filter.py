@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from tracelock.atomic import atomic_write_text
-from tracelock.integrity import CorruptFileError, load_tensors, read_json, save_tensors
+from tracelock.integrity import CorruptFileError, load_tensors, read_tagged_json, require_pair, save_tensors
 
 __all__ = ["FilterConfig", "L2PFilter", "filter_stem", "load_filter", "load_filters"]
 
@@ -104,13 +104,9 @@ def load_filter(path) -> L2PFilter:
     """Read one filter from its ``.json`` (its ``.safetensors`` beside it)."""
     path = Path(path)
     weights = path.with_suffix(".safetensors")
-    if not path.is_file() or not weights.is_file():
-        raise FileNotFoundError(f"no Learn2PD filter at {path} (+ {weights.name}); train one with "
-                                "`tracelock train-l2p --out FOLDER`")
+    require_pair(path, weights, what="Learn2PD filter", hint="train one with `tracelock train-l2p --out FOLDER`")
     fix = "restore it from a copy or train the filter again with `tracelock train-l2p`"
-    cfg = read_json(path, fix=fix)
-    if cfg.pop("format", None) != FORMAT:
-        raise CorruptFileError(f"{path} is not a {FORMAT} file; {fix}")
+    cfg = read_tagged_json(path, key="format", tag=FORMAT, what=f"{FORMAT} file", fix=fix)
     tensors = load_tensors(weights, fix=fix)
     try:
         filt = L2PFilter(FilterConfig(**cfg))
