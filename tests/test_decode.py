@@ -6,6 +6,7 @@ import torch
 import tracelock
 from tracelock import states
 from tracelock.models import write_tiny_checkpoint
+from tracelock.models.query import Outputs
 from tracelock.policies import POLICIES, Policy
 from tracelock.policies.base import topk_mask
 from tracelock.testing import random_prompts
@@ -287,7 +288,7 @@ def test_policies_that_need_taps_plug_in(model):
     assert all(t.shape == (1, P + 5, model.spec.hidden_size) for t in first.taps)
     canvas = torch.cat([torch.tensor(prompt), torch.full((1, G), model.spec.mask_id)], dim=1)
     with torch.no_grad():
-        full = model(canvas, return_taps=True).taps
+        full = model(canvas, outputs=Outputs(taps=True)).taps
     rows = model.spec.output_rows(torch.arange(P + 5))
     for got, ref in zip(first.taps, full):
         assert torch.allclose(got[0], ref[0, rows], atol=1e-5)
@@ -302,8 +303,9 @@ def test_padded_rows_read_the_taps_they_read_alone(model):
     padded = torch.tensor([[model.spec.pad_id] * pad + prompt])
     mask = torch.tensor([[False] * pad + [True] * P])
     with torch.no_grad():
-        want = model.predict(alone, torch.arange(P)[None], return_taps=True, tap_positions=torch.arange(P)[None]).taps
-        got = model.predict(padded, pad + torch.arange(P)[None], mask, return_taps=True,
-                            tap_positions=pad + torch.arange(P)[None]).taps
+        want = model.predict(alone, torch.arange(P)[None],
+                             outputs=Outputs(taps=True, tap_positions=torch.arange(P)[None])).taps
+        got = model.predict(padded, pad + torch.arange(P)[None], mask,
+                            outputs=Outputs(taps=True, tap_positions=pad + torch.arange(P)[None])).taps
     for w, g in zip(want, got):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=0)

@@ -9,11 +9,13 @@ import torch
 
 import tracelock
 from tracelock.decode.canvas import prepare_canvas
+from tracelock.decode.context import start_run
 from tracelock.decode.kv_cache import DecodeKVCache
-from tracelock.decode.schedule import Schedule
 from tracelock.decode.settings import DecodeSettings
 from tracelock.decode.step import forward_rows
 from tracelock.models import write_tiny_checkpoint
+from tracelock.models.query import CacheQuery, Outputs
+from tracelock.ops import spec_set
 from tracelock.policies.tracelock import TraceLockPolicy
 from tracelock.testing import fresh_controller, random_prompts
 
@@ -38,11 +40,12 @@ def tracelock_policy(peaked):
 
 
 def _spy_forwards(model, monkeypatch) -> list:
-    """Record (store_kv, query_positions) of every backbone forward; the real forward still runs."""
+    """Record (a refresh, the query positions) of every backbone forward; the real forward still runs."""
     calls, real = [], model.forward
 
     def spy(*args, **kwargs):
-        calls.append((kwargs.get("store_kv", False), kwargs.get("query_positions")))
+        cache = kwargs.get("cache")
+        calls.append((cache is not None and cache.store, None if cache is None else cache.query_positions))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(model, "forward", spy)
@@ -81,12 +84,13 @@ def _fastdllm_cached(model, prompt, block, tau, dual):
     for b in range(G // block):
         start, end = P + b * block, P + (b + 1) * block
         block_rows = torch.arange(start, end)[None]
-        out = model(x, store_kv=True, logit_positions=block_rows)
+        out = model(x, outputs=Outputs(positions=block_rows), cache=CacheQuery(store=True))
         nfe += 1
         commit(out.logits, start, end)
         while (x[:, start:end] == mask_id).any():
             query = torch.arange(start, end if dual else L)[None]
-            logits = model(x, kv_cache=out.kv_cache, query_positions=query, logit_positions=block_rows).logits
+            logits = model(x, outputs=Outputs(positions=block_rows),
+                           cache=CacheQuery(kv=out.kv_cache, query_positions=query)).logits
             nfe += 1
             commit(logits, start, end)
     return x, nfe
@@ -145,7 +149,7 @@ def test_fused_equals_reference_with_the_cache(peaked, tracelock_policy, cache, 
     assert min(ref_stats.refreshes) > 1 and max(ref_stats.refreshes) < max(ref_stats.steps)
 
 
-def test_cached_positions_keep_the_refresh_taps(peaked):
+def test_cached_positions_keep_the_refresh_taps(peaked, tracelock_policy):
     """A cached step's taps are the refresh's left of the pointer and right of the region, the step's own inside."""
     canvas = prepare_canvas(peaked.spec, random_prompts(peaked), None, G, peaked.device)
     B, L = canvas.x.shape
@@ -153,12 +157,13 @@ def test_cached_positions_keep_the_refresh_taps(peaked):
     lo = torch.full((B,), canvas.prompt_len)
     hi, T = lo + 6, canvas.prompt_len + 10
     positions = lo[:, None] + torch.arange(6)
-    settings = DecodeSettings(policy="confidence", gen_length=G, window=6, cache="dual", refresh_shift=4)
-    schedule = Schedule(G, None, 6, False, skip_finished_blocks=None)
-    kv = DecodeKVCache(settings, schedule, rows=B, length=L, spec=peaked.spec, dtype=peaked.dtype,
-                       tap_layout=(3, peaked.spec.hidden_size, peaked.dtype), device=peaked.device)
+    settings = DecodeSettings(policy=tracelock_policy, gen_length=G, window=6, cache="dual", refresh_shift=4)
+    # the raw taps (the spec set folds none): three of the model's width
+    ctx = start_run(peaked, settings, spec_set())
+    kv = DecodeKVCache(ctx, B, L)
+    assert kv.taps is not None and len(kv.taps) == 3
 
-    forward = partial(forward_rows, peaked, canvas, cfg_scale=0.0)
+    forward = partial(forward_rows, ctx, canvas)
     _, first = kv.step(forward, rows, positions, lo, hi, T)
     canvas.x[:, lo[0]:lo[0] + 3] = 7  # commits after the refresh; the pointer has not moved far enough
     _, second = kv.step(forward, rows, positions + 3, lo + 3, hi + 3, T)
@@ -166,8 +171,7 @@ def test_cached_positions_keep_the_refresh_taps(peaked):
     start, end = int(lo[0]), int(hi[0]) + 3  # the pointer, the region's end now
     query = torch.arange(start - peaked.spec.logit_shift, end).expand(B, -1)
     fresh = torch.arange(start, end).expand(B, -1)
-    own = forward_rows(peaked, canvas, rows, positions, fresh, 0.0, kv_cache=kv.rows_cache(rows),
-                       query_positions=query)[1]
+    own = forward_rows(ctx, canvas, rows, positions, fresh, CacheQuery(kv.rows_cache(rows), query))[1]
     for old, new, step_own in zip(first, second, own):
         assert new.shape == (B, T, old.shape[-1]) and end < T
         torch.testing.assert_close(new[:, :start], old[:, :start], rtol=0, atol=0)

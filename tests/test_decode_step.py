@@ -3,15 +3,19 @@ of the package but `decode/step.py` asks a policy to decide or runs the commit o
 
 import ast
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from tracelock import states
+from tracelock.decode.context import RunContext
 from tracelock.decode.kv_cache import needs_refresh, trigger_shift
 from tracelock.decode.schedule import Schedule
-from tracelock.decode.step import close_step, commit_region, gen_lengths, scatter_slots, step_input
-from tracelock.kernels.ref import apply_commits_ref, commit_step_ref, skip_finished_blocks_ref
+from tracelock.decode.settings import DecodeSettings
+from tracelock.decode.step import StepRows, close_step, commit_region, gen_lengths, scatter_slots, step_input
+from tracelock.kernels.ref import commit_step_ref, skip_finished_blocks_ref
+from tracelock.ops import spec_set
 from tracelock.policies import Policy, make_policy
 from tracelock.policies.base import CommitRule
 from tracelock.signals import Signals
@@ -67,9 +71,18 @@ def test_scatter_drops_padding_slots_and_gen_lengths_stop_at_an_end_token():
     assert gen_lengths(torch.tensor([[5, 6, 1, 6], [5, 5, 5, 5]]), [1, 2]) == [2, 4]
 
 
-def _step(policy, **kind):
+def _context(policy, schedule, *, end_id, stop_at_eot, commit_step=None) -> RunContext:
+    """A run context for the verbs alone: no model but its pad and end tokens, the spec set's ops."""
+    model = SimpleNamespace(spec=SimpleNamespace(pad_id=0, end_ids=[end_id]))
+    settings = DecodeSettings(policy="threshold", gen_length=G, stop_at_eot=stop_at_eot)
+    return RunContext(model, settings, spec_set(), schedule, policy, None, None, commit_step, None,
+                      torch.tensor([end_id]), steps_per_region=G, lookahead=0, tap_layout=None)
+
+
+def _step(policy, *, end_id=1, stop_at_eot=False, commit_step=None, **kind):
     """A region of 4 slots over a canvas with two rows, all generation positions active."""
     schedule = _schedule(**kind)
+    ctx = _context(policy, schedule, end_id=end_id, stop_at_eot=stop_at_eot, commit_step=commit_step)
     x = torch.full((2, L), 99)
     state = torch.full((2, L), states.ACTIVE, dtype=torch.uint8)
     state[:, :P] = states.PROMPT
@@ -78,20 +91,18 @@ def _step(policy, **kind):
     confidence = torch.tensor([[0.9, 0.2, 0.95, 0.1], [0.3, 0.4, 0.2, 0.1]])
     signals = Signals(torch.tensor([[11, 12, 13, 14], [21, 22, 23, 24]]), confidence, confidence / 2,
                       torch.zeros_like(confidence), torch.zeros_like(confidence))
-    inp = step_input(signals, region, state, counters, schedule, steps_per_region=G, rows=torch.arange(2),
-                     taps=None, folded=False, attention_mask=None)
-    return inp, region, x, state
+    step = StepRows(torch.arange(2), x, state, None, counters)
+    return ctx, step_input(ctx, signals, region, step), region, step
 
 
 @pytest.mark.parametrize("stop_at_eot", [False, True])
 def test_close_step_commits_what_the_policy_chooses(stop_at_eot):
     policy = make_policy("threshold", tau=0.5)
     policy.setup(gen_length=G, num_regions=2)
-    inp, region, x, state = _step(policy, block=4)
+    ctx, inp, region, step = _step(policy, stop_at_eot=stop_at_eot, block=4)
+    x, state = step.x, step.state
     seen = []
-    first_active, committed = close_step(policy, inp, region, x, state, None, end_ids=torch.tensor([1]), pad_id=0,
-                                         stop_at_eot=stop_at_eot, apply_commits=apply_commits_ref,
-                                         observe=seen.append)
+    first_active, committed = close_step(ctx, inp, region, step, observe=seen.append)
     # row 0: the two slots above tau; row 1: none passes, so its most confident slot
     assert seen[0].tolist() == [[True, False, True, False], [False, True, False, False]]
     assert committed.tolist() == [2, 1] and first_active.tolist() == [3, 2]
@@ -112,16 +123,14 @@ def test_close_step_takes_the_commit_step_op_for_a_policy_with_its_rule(stop_at_
         def decide(self, inp, generator=None):
             raise AssertionError("the commit_step op closes this step")
 
-    inp, region, x, state = _step(None, window=4)
-    first_active, committed = close_step(MarginRule(), inp, region, x, state, None, end_ids=torch.tensor([1]), pad_id=0,
-                                         stop_at_eot=stop_at_eot, apply_commits=apply_commits_ref,
-                                         commit_step=commit_step_ref)
+    ctx, inp, region, step = _step(MarginRule(), stop_at_eot=stop_at_eot, commit_step=commit_step_ref, window=4)
+    first_active, committed = close_step(ctx, inp, region, step)
     assert committed.tolist() == [2, 1] and first_active.tolist() == [3, 2]
     # with stop_at_eot too (an end token committed: the tail after it is filled, not counted as commits)
-    inp, region, x, state = _step(None, window=4)
-    first_active, committed = close_step(MarginRule(), inp, region, x, state, None, end_ids=torch.tensor([11]),
-                                         pad_id=0, stop_at_eot=stop_at_eot, apply_commits=apply_commits_ref,
-                                         commit_step=commit_step_ref)
+    ctx, inp, region, step = _step(MarginRule(), end_id=11, stop_at_eot=stop_at_eot, commit_step=commit_step_ref,
+                                   window=4)
+    x = step.x
+    first_active, committed = close_step(ctx, inp, region, step)
     assert committed.tolist() == [2, 1]
     assert first_active.tolist() == ([L, 2] if stop_at_eot else [3, 2])
     want = [99, 99, 11, 0, 13, 0, 0, 0, 0, 0] if stop_at_eot else [99, 99, 11, 99, 13, 99, 99, 99, 99, 99]

@@ -17,6 +17,7 @@ from tracelock.features import (
     load_encoder,
     train_autoencoder,
 )
+from tracelock.models.query import Outputs
 from tracelock.traces.replay import replay, sample_taps
 from tracelock.traces.trace import NO_PROPOSAL, Trace
 
@@ -100,7 +101,7 @@ def test_replay_taps_shifted_like_predict(backbone, traces):
     trace = traces[0]
     step, taps, _, _ = next(replay(backbone, trace, steps=[1]))
     x = torch.from_numpy(trace.x_at(1))[None]
-    raw = backbone(x, return_logits=False, return_taps=True).taps
+    raw = backbone(x, outputs=Outputs(logits=False, taps=True)).taps
     rows = backbone.spec.output_rows(torch.arange(x.shape[1]))
     for got, ref in zip(taps, raw):
         torch.testing.assert_close(got, ref[0, rows])

@@ -14,6 +14,7 @@ from tracelock import ops
 from tracelock.features import AutoEncoder, LinearEncoder, TapEncoder, backbone_fingerprint
 from tracelock.kernels.ref import tap_project_ref, window_logits_stats_ref
 from tracelock.models import write_tiny_checkpoint
+from tracelock.models.query import Outputs
 from tracelock.policies.tracelock import TraceLockPolicy
 from tracelock.testing import random_prompts
 
@@ -59,15 +60,15 @@ def _fold(model, N=24, seed=1):
 def test_head_op_equals_the_spec_on_the_lm_heads_input(model):
     ids = _canvas(model)
     rows = torch.tensor([[3, 11, 12, 20], [0, 12, 13, 22]])
-    plain = model(ids, logit_positions=rows, return_logits=False, return_hidden=True)
-    fused = model(ids, logit_positions=rows, head_op=HEAD)
+    plain = model(ids, outputs=Outputs(positions=rows, logits=False, hidden=True))
+    fused = model(ids, outputs=Outputs(positions=rows, head_op=HEAD))
     assert fused.logits is None and fused.hidden is None and fused.taps is None
     want = window_logits_stats_ref(plain.hidden.reshape(8, -1), model.lm_head.weight, model.spec.eos_id)
     assert len(fused.stats) == 5
     for got, ref in zip(fused.stats, want):
         assert got.shape == (2, 4) and torch.equal(got, ref.view(2, 4))
     # the head the op applies is the model's own: its argmax is the logits' argmax
-    logits = model(ids, logit_positions=rows).logits
+    logits = model(ids, outputs=Outputs(positions=rows)).logits
     assert torch.equal(fused.stats[0], logits.argmax(-1))
 
 
@@ -76,9 +77,9 @@ def test_tap_op_equals_the_spec_on_the_taps(model):
     ids = _canvas(model)
     A, c = _fold(model)
     tap_rows = torch.arange(15).expand(2, 15)
-    plain = model(ids, return_logits=False, return_taps=True, tap_positions=tap_rows)
-    fused = model(ids, return_logits=False, return_taps=True, tap_positions=tap_rows,
-                  tap_op=lambda h1, h2, h3: ops.tap_project(h1, h2, h3, A, c, impl="torch"))
+    plain = model(ids, outputs=Outputs(logits=False, taps=True, tap_positions=tap_rows))
+    fused = model(ids, outputs=Outputs(logits=False, taps=True, tap_positions=tap_rows,
+                                       tap_op=lambda h1, h2, h3: ops.tap_project(h1, h2, h3, A, c, impl="torch")))
     assert fused.taps is None and fused.logits is None
     want = tap_project_ref(*(t.reshape(30, -1) for t in plain.taps), A, c).view(2, 15, -1)
     assert fused.tap_inputs.shape == (2, 15, 24) and torch.equal(fused.tap_inputs, want)
@@ -92,9 +93,9 @@ def test_predict_applies_the_shift_to_both_ops(model):
     A, c = _fold(model, N=8)
     positions = torch.tensor([[11, 12, 13], [14, 15, 22]])
     tap_rows = torch.arange(18).expand(2, 18)
-    plain = model.predict(ids, positions, return_hidden=True, return_taps=True, tap_positions=tap_rows)
-    fused = model.predict(ids, positions, return_taps=True, tap_positions=tap_rows, head_op=HEAD,
-                          tap_op=lambda *h: tap_project_ref(*h, A, c))
+    plain = model.predict(ids, positions, outputs=Outputs(hidden=True, taps=True, tap_positions=tap_rows))
+    fused = model.predict(ids, positions, outputs=Outputs(taps=True, tap_positions=tap_rows, head_op=HEAD,
+                                                          tap_op=lambda *h: tap_project_ref(*h, A, c)))
     want = window_logits_stats_ref(plain.hidden.reshape(6, -1), model.lm_head.weight, model.spec.eos_id)
     for got, ref in zip(fused.stats, want):
         assert torch.equal(got, ref.view(2, 3))
@@ -108,12 +109,12 @@ def test_predict_applies_the_shift_to_both_ops(model):
 
 def test_bad_op_combinations_name_the_fix(model):
     ids = _canvas(model)
-    with pytest.raises(ValueError, match="head_op replaces the LM head.*pass return_logits=False"):
-        model(ids, head_op=HEAD, return_logits=True)
-    with pytest.raises(ValueError, match="head_op replaces the LM head.*return_hidden=False"):
-        model.predict(ids, torch.arange(3).expand(2, 3), head_op=HEAD, return_hidden=True)
-    with pytest.raises(ValueError, match="tap_op folds the three taps.*pass return_taps=True"):
-        model(ids, tap_op=lambda *h: h[0])
+    with pytest.raises(ValueError, match="head_op replaces the LM head.*pass logits=False"):
+        model(ids, outputs=Outputs(head_op=HEAD, logits=True))
+    with pytest.raises(ValueError, match="head_op replaces the LM head.*hidden=False"):
+        model.predict(ids, torch.arange(3).expand(2, 3), outputs=Outputs(head_op=HEAD, hidden=True))
+    with pytest.raises(ValueError, match="tap_op folds the three taps.*pass taps=True"):
+        model(ids, outputs=Outputs(tap_op=lambda *h: h[0]))
 
 
 class SeenPolicy(TraceLockPolicy):

@@ -8,6 +8,7 @@ from safetensors.torch import save_file
 
 import tracelock
 from tracelock.models import CheckpointError, write_tiny_checkpoint
+from tracelock.models.query import Outputs
 from tracelock.testing import assert_close, assert_lowp_close, hf_reference
 
 FAMILIES = ["llada", "dream"]
@@ -32,7 +33,7 @@ def _check_parity(folder, atol):
     hf = hf_reference(folder)
     ids = _tokens(ours)
     with torch.no_grad():
-        out = ours(ids, return_taps=True)
+        out = ours(ids, outputs=Outputs(taps=True))
         ref = hf(ids, output_hidden_states=True)
     assert_close("logits", ref.logits, out.logits, atol=atol)
     assert len(ref.hidden_states) == ours.spec.num_layers + 1
@@ -57,7 +58,7 @@ def test_parity_bf16(micro):
     with torch.no_grad():
         ref32 = hf_reference(micro)(ids, output_hidden_states=True)
         ref16 = hf_reference(micro, torch.bfloat16)(ids, output_hidden_states=True)
-        ours = tracelock.load_model(micro, dtype=torch.bfloat16)(ids, return_taps=True)
+        ours = tracelock.load_model(micro, dtype=torch.bfloat16)(ids, outputs=Outputs(taps=True))
     assert ours.logits.dtype == torch.bfloat16
     assert_lowp_close("logits", ref32.logits, ours.logits, ref16.logits, atol=2e-2)
     for i, tap in enumerate(ours.taps):
@@ -68,8 +69,8 @@ def test_selected_rows_equal_full_forward(micro):
     model = tracelock.load_model(micro)
     ids = _tokens(model)
     pos = torch.tensor([[3, 0, 36], [5, 5, 1]])
-    full = model(ids, return_taps=True)
-    part = model(ids, logit_positions=pos, return_taps=True, tap_positions=pos)
+    full = model(ids, outputs=Outputs(taps=True))
+    part = model(ids, outputs=Outputs(positions=pos, taps=True, tap_positions=pos))
     assert_close("logits", full.logits.gather(1, pos[..., None].expand(-1, -1, full.logits.shape[-1])), part.logits,
                  atol=1e-5)
     for a, b in zip(full.taps, part.taps):

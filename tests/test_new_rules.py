@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import tracelock
-from tracelock.decode import step as verbs
+from tracelock.decode.context import allocate_memory, start_run
 from tracelock.decode.engine import DecodeEngine
-from tracelock.ops import spec_set
+from tracelock.decode.settings import DecodeSettings
+from tracelock.ops import op_set, spec_set
 from tracelock.policies import POLICIES, StepInput, make_policy
 from tracelock.policies.hierarchy import run_best
 from tracelock.reference import reference_generate
@@ -268,15 +269,14 @@ def test_compiled_engine_carries_the_memory():
 
 def test_a_rule_without_memory_pays_nothing():
     model = tracelock.load_model("testbed")
-    head_op = object()
+    fused = op_set(model.device)
     for name in ("threshold", "hierarchy", "eb"):
-        policy = make_policy(name)
-        assert verbs.allocate_memory(policy, 4, 16, model.spec, "cpu") == {}
+        ctx = start_run(model, DecodeSettings(policy=name, gen_length=16, block=16), fused)
+        assert allocate_memory(ctx, 4) == {}
         # its steps still score from the LM head's input (no logits written)
-        assert verbs.forward_ops(policy, model, window_logits_stats=head_op, tap_project=None, temperature=0.0,
-                                 cfg_scale=0.0)[0] is head_op
-    assert verbs.forward_ops(make_policy("credit"), model, window_logits_stats=head_op, tap_project=None,
-                             temperature=0.0, cfg_scale=0.0)[0] is None
+        assert ctx.window_logits_stats is fused.window_logits_stats
+    credit = start_run(model, DecodeSettings(policy="credit", gen_length=16, block=16), fused)
+    assert credit.window_logits_stats is None
 
 
 # ---- errors --------------------------------------------------------------------------------------------------------

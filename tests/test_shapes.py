@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tracelock.models import DiffusionBackbone, ModelSpec, write_tiny_checkpoint
+from tracelock.models.query import Outputs
 from tracelock.models.shapes import random_weights, shape_spec
 
 
@@ -42,7 +43,7 @@ def test_random_weights_follow_the_init_and_the_seed(tmp_path):
     again, other = random_weights(spec, dtype=torch.float32, seed=1), random_weights(spec, dtype=torch.float32, seed=2)
     assert torch.equal(again.lm_head.weight, model.lm_head.weight)
     assert not torch.equal(other.lm_head.weight, model.lm_head.weight)
-    out = model(torch.full((1, 8), spec.mask_id), return_taps=True)
+    out = model(torch.full((1, 8), spec.mask_id), outputs=Outputs(taps=True))
     assert torch.isfinite(out.logits).all() and len(out.taps) == 3
 
 
@@ -50,4 +51,4 @@ def test_taps_need_three_layers(tmp_path):
     spec = ModelSpec.from_pretrained(write_tiny_checkpoint(tmp_path, family="llada"))
     model = random_weights(dataclasses.replace(spec, num_layers=2), dtype=torch.float32)
     with pytest.raises(ValueError, match="has 2 layers; use a model with at least 3"):
-        model(torch.full((1, 8), spec.mask_id), return_taps=True)
+        model(torch.full((1, 8), spec.mask_id), outputs=Outputs(taps=True))

@@ -107,9 +107,8 @@ def generate_compiled(model, input_ids, settings: DecodeSettings, *, attention_m
     canvas.x = engine.x[:, bucket - P:].clone()
     steps = engine.steps.tolist()
     log = engine.commit_log.tolist()
-    stats = run_stats(canvas.x[:, P:], model.spec.end_ids, steps=steps, forwards=engine.forwards - forwards,
-                      commits_per_step=[row[:n] for row, n in zip(log, steps)], seconds=seconds,
-                      refreshes=None if engine.kv is None else engine.kv.refreshes, settings=engine.record)
+    stats = run_stats(engine.context, canvas.x[:, P:], [row[:n] for row, n in zip(log, steps)],
+                      engine.forwards - forwards, seconds, None if engine.kv is None else engine.kv.refreshes)
     return canvas.x, stats
 
 

@@ -35,10 +35,12 @@ import torch
 from tracelock import ops, states
 from tracelock.decode import step as verbs
 from tracelock.decode.canvas import Canvas, check_prompt_ids
+from tracelock.decode.context import allocate_memory, check_model, memory_width, start_run
 from tracelock.decode.kv_cache import DecodeKVCache
 from tracelock.decode.schedule import RowCounters
 from tracelock.decode.settings import DecodeSettings, settings_from
 from tracelock.kernels.ref import commit_margin_threshold
+from tracelock.models.query import CacheQuery
 from tracelock.signals import Signals
 
 # the packed flags of a step: live rows, rows that refresh, rows that take a cached step (16 bits each)
@@ -134,7 +136,7 @@ class DecodeEngine:
 
     def __init__(self, model, settings: DecodeSettings | None = None, *, slots=1, prompt_len=64, compile=False,
                  backend=None, backbone="kernels", **fields):
-        verbs.check_model(model)
+        check_model(model)
         settings = settings_from(settings, fields, "DecodeEngine")
         if settings.cfg_scale:
             raise ValueError("an engine does not run classifier-free guidance (cfg_scale > 0); use fused_generate, "
@@ -145,7 +147,9 @@ class DecodeEngine:
         # CUDA commits on CUDA, the C++ ops or the torch specs on CPU; no host sync), the torch bookkeeping under
         # inductor
         self.ops = ops.op_set(model.device, "inductor" if compile is True else "graph", backbone=backbone)
-        schedule, self.policy = verbs.setup_run(settings, self.ops.skip_finished_blocks)
+        # the run's fixed parts, built once: the verbs of every step read them (a deterministic run has no generator)
+        self.context = ctx = start_run(model, settings, self.ops)
+        schedule, self.policy = ctx.schedule, ctx.policy
         gen_length = settings.gen_length
         spec = model.spec
         if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
@@ -161,15 +165,13 @@ class DecodeEngine:
         self.num_slots, self.prompt_len, self.gen_length = slots, prompt_len, gen_length
         self.length = prompt_len + gen_length  # the canvas: prompt bucket + generation
         self.width = schedule.width  # the commit region's slots
-        self.steps_per_region = self.policy.steps_per_region()
+        self.steps_per_region = ctx.steps_per_region
         schedule.bind(prompt_len, self.steps_per_region)
         self.settings, self.cache = settings, settings.cache
-        self.record = settings.record(self.policy)  # what `DecodeStats.settings` reports
-        self.stochastic = settings.temperature > 0 or not self.policy.deterministic
-        self.generator = torch.Generator(device=self.device).manual_seed(settings.seed)
+        self.record = ctx.record  # what `DecodeStats.settings` reports
+        self.stochastic = ctx.generator is not None
         self.budget = verbs.step_budget(schedule, self.steps_per_region)
-        self.lookahead = verbs.lookahead_width(self.policy, schedule, self.cache)
-        self._setup_ops()
+        self.lookahead = ctx.lookahead
         self._allocate()
         self.forwards = 0  # batched forward calls so far (a step that refreshes some rows and not others runs two)
         self._occupied = [False] * slots
@@ -182,13 +184,6 @@ class DecodeEngine:
 
     # ---- setup --------------------------------------------------------------------------------------------------
 
-    def _setup_ops(self):
-        """The ops the forwards run in place of their outputs (`verbs.forward_ops`), from the engine's op set."""
-        self.window_logits_stats, self.tap_project = verbs.forward_ops(
-            self.policy, self.model, window_logits_stats=self.ops.window_logits_stats,
-            tap_project=self.ops.tap_project, temperature=self.settings.temperature, cfg_scale=0.0,
-            filtered=self.settings.filtered)
-
     def _allocate(self):
         N, L, dev, spec = self.num_slots, self.length, self.device, self.spec
         long = dict(dtype=torch.long, device=dev)
@@ -199,23 +194,19 @@ class DecodeEngine:
         self.block_idx, self.region_step = torch.zeros(N, **long), torch.zeros(N, **long)
         self.region_initial, self.steps = torch.zeros(N, **long), torch.zeros(N, **long)
         self.commit_log = torch.zeros((N, self.budget + 1), dtype=torch.int32, device=dev)
-        self.end_ids = torch.tensor(spec.end_ids, **long)
         # the forwards write the rows they ran into these (row N is the sink of padding rows)
         width = self.width + self.lookahead
         self.signal_buffers = (torch.zeros((N + 1, width), **long),) + tuple(
             torch.zeros((N + 1, width), device=dev) for _ in range(4))
         # a rule's memory across steps (row N, the sink, takes padding rows') and its vocabulary pass's outputs
-        mem_width = verbs.memory_width(self.policy, self.schedule, self.cache)
-        self.memory = verbs.allocate_memory(self.policy, N + 1, mem_width, spec, dev)
-        self.vocab_buffers = {name: torch.zeros((N + 1, mem_width), dtype=dtype, device=dev)
+        self.memory = allocate_memory(self.context, N + 1)
+        self.vocab_buffers = {name: torch.zeros((N + 1, memory_width(self.context)), dtype=dtype, device=dev)
                               for name, dtype in self.policy.vocab_fields().items()}
-        layout = verbs.tap_layout(self.policy, self.model, self.tap_project)
+        layout = self.context.tap_layout
         self.taps = None if layout is None else tuple(
             torch.zeros((N + 1, L, layout[1]), dtype=layout[2], device=dev) for _ in range(layout[0]))
         # the KV cache's state, as the eager loop keeps it (its sink row N and spare position L take padding rows')
-        self.kv = None if self.cache is None else DecodeKVCache(
-            self.settings, self.schedule, rows=N, length=L, spec=spec,
-            dtype=self.model.dtype, tap_layout=layout, device=dev)
+        self.kv = None if self.cache is None else DecodeKVCache(self.context, N, L)
 
     def _compile(self, compile, backend):
         if compile not in (False, True, "cudagraphs"):
@@ -251,7 +242,7 @@ class DecodeEngine:
                 torch._dynamo.mark_static_address(t)
         self._forward_fns = {}
         self._prepare = self._wrap(self._prepare_body)
-        self._finish = self._wrap(self._finish_body, self.generator if self.stochastic else None)
+        self._finish = self._wrap(self._finish_body)
 
     def _state_tensors(self):
         out = [self.x, self.state, self.attention_mask, self.first_active, self.block_idx, self.region_step,
@@ -330,7 +321,8 @@ class DecodeEngine:
                 self.release(slot)
         # a policy object may have been set up for other settings since (setup is cheap and idempotent)
         self.policy.setup(gen_length=self.gen_length, num_regions=self.schedule.num_regions)
-        self.generator.manual_seed(self.settings.seed)
+        if self.context.generator is not None:
+            self.context.generator.manual_seed(self.settings.seed)
 
     def run(self, prompts) -> list:
         """Decode ``prompts`` (token-id lists, at most ``slots`` of them) from a fresh start (`reset`), all admitted
@@ -380,11 +372,9 @@ class DecodeEngine:
         n = prompt.numel()
         tokens = self.x[slot:slot + 1, self.prompt_len - n:].clone()
         steps = int(self.steps[slot])
-        stats = verbs.run_stats(tokens[:, n:], self.end_ids, steps=[steps], forwards=steps,
-                                commits_per_step=[self.commit_log[slot, :steps].tolist()],
-                                seconds=time.perf_counter() - self._started[slot],
-                                refreshes=None if self.kv is None else self.kv.refreshes[slot:slot + 1],
-                                settings=self.record)
+        stats = verbs.run_stats(self.context, tokens[:, n:], [self.commit_log[slot, :steps].tolist()], steps,
+                                time.perf_counter() - self._started[slot],
+                                None if self.kv is None else self.kv.refreshes[slot:slot + 1])
         return tokens, stats
 
     # ---- one step -------------------------------------------------------------------------------------------
@@ -456,15 +446,12 @@ class DecodeEngine:
         that remembers, run its vocabulary pass on the ``rows`` (their `region`) and store their memory too."""
         if self.policy.reads_vocab:
             memory = {k: v[rows] for k, v in self.memory.items()}
-            vocab = verbs.vocab_pass(self.policy, self.ops, head, memory, region, self.state[rows],
-                                     self.region_step[rows])
+            vocab = verbs.vocab_pass(self.context, head, memory, region, self.state[rows], self.region_step[rows])
             for name, value in memory.items():
                 self.memory[name].index_copy_(0, target, value)
             for name, value in vocab.items():
                 self.vocab_buffers[name].index_copy_(0, target, value.to(self.vocab_buffers[name].dtype))
-        signals = verbs.step_signals(head, spec=self.spec, from_stats=self.window_logits_stats is not None,
-                                     temperature=self.settings.temperature, generator=self.generator,
-                                     top_p=self.settings.top_p, top_k=self.settings.top_k)
+        signals = verbs.step_signals(self.context, head)
         fields = (signals.proposal, signals.confidence, signals.margin, signals.neg_entropy, signals.eos_prob)
         for buf, value in zip(self.signal_buffers, fields):
             buf.index_copy_(0, target, value.to(buf.dtype))
@@ -479,10 +466,8 @@ class DecodeEngine:
     def _tap_positions(self, k):
         return torch.arange(self.length, device=self.device).expand(k, -1) if self.policy.needs_taps else None
 
-    def _forward(self, rows, query, tap_positions, **cache_args):
-        return verbs.forward_rows(self.model, self._canvas(rows), slice(None), query, tap_positions, 0.0,
-                                  window_logits_stats=self.window_logits_stats, tap_project=self.tap_project,
-                                  kernels=self.ops, **cache_args)
+    def _forward(self, rows, query, tap_positions, cache=None):
+        return verbs.forward_rows(self.context, self._canvas(rows), slice(None), query, tap_positions, cache)
 
     def _forward_plain(self, k: int):
         live, _, _ = self._row_groups()
@@ -495,7 +480,7 @@ class DecodeEngine:
         _, need, _ = self._row_groups()
         rows, _, target = self._rows(k, need)
         region = self._region(rows)
-        head, taps, kv = self._forward(rows, region.query(), self._tap_positions(k), store_kv=True)
+        head, taps, kv = self._forward(rows, region.query(), self._tap_positions(k), cache=CacheQuery(store=True))
         self.kv.store(target, kv, taps)
         self._store_outputs(target, head, taps, rows, region)
 
@@ -510,14 +495,14 @@ class DecodeEngine:
         recompute, fresh = self.kv.recompute(rows, start, region.hi, width=self.kv.width)
         # the fresh keys/values go into the cache in place; padding rows write theirs to the spare position L
         write = torch.where(valid[:, None], recompute, self.length)
-        head, taps, _ = self._forward(rows, query, fresh, kv_cache=self.kv.rows_cache(rows),
-                                      query_positions=recompute, kv_positions=write,
-                                      check_query=False)  # the positions lie in the query by construction
+        # the positions lie in the query by construction: no check
+        cache = CacheQuery(self.kv.rows_cache(rows), recompute, kv_positions=write, check_query=False)
+        head, taps, _ = self._forward(rows, query, fresh, cache=cache)
         if taps is not None:
             taps = self.kv.with_stored_taps(rows, fresh, taps)
         self._store_outputs(target, head, taps, rows, region)
 
-    def _finish_body(self, generator):
+    def _finish_body(self):
         """Close the step of every slot from the buffers the forwards filled: the shared `verbs.close_step`, the
         block advance, the cache bookkeeping and the commit log."""
         N = self.num_slots
@@ -526,14 +511,10 @@ class DecodeEngine:
         counters = RowCounters(self.block_idx, self.region_step, self.region_initial, self.steps)
         signals = Signals(*(buf[:N] for buf in self.signal_buffers))
         taps = None if self.taps is None else tuple(t[:N] for t in self.taps)
-        inp = verbs.step_input(signals, region, self.state, counters, self.schedule,
-                               steps_per_region=self.steps_per_region, rows=torch.arange(N, device=self.device),
-                               taps=taps, folded=self.tap_project is not None, attention_mask=self.attention_mask,
-                               vocab={k: v[:N] for k, v in self.vocab_buffers.items()})
-        first_active, committed = verbs.close_step(
-            self.policy, inp, region, self.x, self.state, self.attention_mask, end_ids=self.end_ids,
-            pad_id=self.spec.pad_id, stop_at_eot=self.settings.stop_at_eot, apply_commits=self.ops.apply_commits,
-            commit_step=self.ops.commit_step, generator=generator, live=live)
+        step = verbs.StepRows(torch.arange(N, device=self.device), self.x, self.state, self.attention_mask, counters)
+        inp = verbs.step_input(self.context, signals, region, step, taps,
+                               {k: v[:N] for k, v in self.vocab_buffers.items()})
+        first_active, committed = verbs.close_step(self.context, inp, region, step, live=live)
         self.first_active.copy_(first_active)
         # the row's commit count at its step index (a finished row writes into the spare last column)
         at = torch.where(live, self.steps, self.budget).clamp(max=self.budget)

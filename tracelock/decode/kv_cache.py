@@ -30,6 +30,7 @@ step's fresh taps replace only the recomputed positions.
 import torch
 
 from tracelock.models.backbone import KVCache
+from tracelock.models.query import CacheQuery
 
 CACHE_MODES = ("prefix", "dual")
 
@@ -78,18 +79,20 @@ def needs_refresh(since, pointer, lo, shift: int | None, refresh_every: int | No
 
 
 class DecodeKVCache:
-    """The KV state of a decoding run (`DecodeSettings`'s cache and refresh rule) over ``rows`` batch rows (slots)
+    """The KV state of a decode (``ctx``: its settings' cache and refresh rule) over ``rows`` batch rows (slots)
     and a canvas of ``length`` positions, in static buffers: the eager loop (`DecodeKVCache.step`, on its live rows)
     and the engine (the same verbs inside its graphs, on every slot) both keep it here.
 
     Buffers: every row's keys and values ``kv`` [rows + 1, n_kv, length + 1, hd] per layer and, for a policy that
-    reads taps, every row's taps at its refresh ``taps`` [rows + 1, length, X] each (``tap_layout`` = (count, X,
-    dtype)). The extra row (index ``rows``) and the extra position (``length``) are sinks: the engine's padding rows
-    write what they compute there. Per row: ``pointer`` (the commit region's left end at the refresh), ``since``
-    (steps since the refresh, 0 = never refreshed) and ``refreshes``.
+    reads taps, every row's taps at its refresh ``taps`` [rows + 1, length, X] each (the context's ``tap_layout``:
+    (count, X, dtype)). The extra row (index ``rows``) and the extra position (``length``) are sinks: the engine's
+    padding rows write what they compute there. Per row: ``pointer`` (the commit region's left end at the refresh),
+    ``since`` (steps since the refresh, 0 = never refreshed) and ``refreshes``.
     """
 
-    def __init__(self, settings, schedule, *, rows: int, length: int, spec, dtype, tap_layout, device):
+    def __init__(self, ctx, rows: int, length: int):
+        settings, schedule, spec = ctx.settings, ctx.schedule, ctx.spec
+        dtype, device = ctx.model.dtype, ctx.model.device
         self.mode, self.refresh_every, self.shift = settings.cache, settings.refresh_every, spec.logit_shift
         self.canvas_len, self.gen_length = length, schedule.gen_length
         self.refresh_shift = trigger_shift(schedule.kind, settings.effective_refresh_shift)
@@ -101,8 +104,8 @@ class DecodeKVCache:
         self.kv = KVCache([torch.zeros(shape, dtype=dtype, device=device) for _ in range(spec.num_layers)],
                           [torch.zeros(shape, dtype=dtype, device=device) for _ in range(spec.num_layers)])
         self.taps = None
-        if tap_layout is not None:
-            count, width, tap_dtype = tap_layout
+        if (layout := ctx.tap_layout) is not None:
+            count, width, tap_dtype = layout
             self.taps = tuple(torch.zeros((rows + 1, length, width), dtype=tap_dtype, device=device)
                               for _ in range(count))
 
@@ -185,7 +188,7 @@ class DecodeKVCache:
         """Run one step's forwards for ``rows`` [b] (slots at canvas ``positions`` [b, R], commit regions [lo, hi)
         [b]; the policy reads the taps of [0, T)) and return (head, taps) of all b rows.
 
-        ``forward(rows, positions, tap_positions, **cache_args)`` is `tracelock.decode.step.forward_rows` bound to the
+        ``forward(rows, positions, tap_positions, cache=None)`` is `tracelock.decode.step.forward_rows` bound to the
         model and canvas: it returns (head, taps, kv_cache) of the rows it is given.
         """
         need = self.need(rows, lo)
@@ -194,13 +197,13 @@ class DecodeKVCache:
         if refresh.numel():
             every = (torch.arange(self.canvas_len, device=rows.device).expand(len(refresh), -1)
                      if self.taps is not None else None)
-            head, taps, kv = forward(rows[refresh], positions[refresh], every, store_kv=True)
+            head, taps, kv = forward(rows[refresh], positions[refresh], every, cache=CacheQuery(store=True))
             self.store(rows[refresh], kv, taps)
             parts.append((refresh, head, None if taps is None else tuple(t[:, :T] for t in taps)))
         if cached.numel():
             g = rows[cached]
             query, fresh = self.recompute(g, self.pointer[g], hi[cached], T)
-            head, taps, _ = forward(g, positions[cached], fresh, kv_cache=self.rows_cache(g), query_positions=query)
+            head, taps, _ = forward(g, positions[cached], fresh, cache=CacheQuery(self.rows_cache(g), query))
             if taps is not None:
                 taps = self.with_stored_taps(g, fresh, taps, T)
             parts.append((cached, head, taps))

@@ -19,6 +19,7 @@ import torch
 
 from tracelock.decode import step as verbs
 from tracelock.decode.canvas import prepare_canvas
+from tracelock.decode.context import RunContext, allocate_memory, start_run
 from tracelock.decode.kv_cache import DecodeKVCache
 from tracelock.decode.settings import DecodeSettings
 from tracelock.ops import OpSet
@@ -57,14 +58,6 @@ def _per_row(commits: list, B: int) -> list:
     return per_row
 
 
-def _kv_cache(model, settings, schedule, policy, tap_project, rows: int, length: int):
-    """The run's `DecodeKVCache`, or None without ``settings.cache``."""
-    if settings.cache is None:
-        return None
-    return DecodeKVCache(settings, schedule, rows=rows, length=length, spec=model.spec, dtype=model.dtype,
-                         tap_layout=verbs.tap_layout(policy, model, tap_project), device=model.device)
-
-
 def _forward_region(forward, kv, policy, rows, region) -> tuple:
     """The live rows' forward for their commit region, through the KV cache where there is one: (head, taps)."""
     # the controller sees the sequence cropped at the region's right end: taps of [0, T)
@@ -76,13 +69,14 @@ def _forward_region(forward, kv, policy, rows, region) -> tuple:
     return head, taps
 
 
-def _vocab_pass(policy, vocab_ops, head, memory: dict, rows, region, state, region_step):
+def _vocab_pass(ctx: RunContext, head, memory: dict, region, step: verbs.StepRows):
     """A rule's vocabulary pass (`Policy.vocab_pass`) on the live rows' slice of its memory, written back after; None
     for a rule that reads no vocabulary."""
-    if not policy.reads_vocab:
+    if not ctx.policy.reads_vocab:
         return None
+    rows = step.rows
     row_memory = {k: v[rows] for k, v in memory.items()}
-    vocab = verbs.vocab_pass(policy, vocab_ops, head, row_memory, region, state, region_step)
+    vocab = verbs.vocab_pass(ctx, head, row_memory, region, step.state, step.counters.region_step)
     for k, v in row_memory.items():
         memory[k][rows] = v
     return vocab
@@ -97,34 +91,23 @@ def run_decode(model, input_ids, settings: DecodeSettings, ops: OpSet, *, attent
     for a policy whose `Policy.tap_fold` is not None (`ops.tap_project`), and the steps of policies with a
     ``commit_rule`` close in `ops.commit_step` (not with an observer, which needs the chosen slots: `select` decides
     those steps by the same rule's spec); other steps, and the spec set, go through the logits."""
-    verbs.check_model(model)
-    schedule, policy = verbs.setup_run(settings, ops.skip_finished_blocks)
-    temperature, cfg_scale, cache = settings.temperature, settings.cfg_scale, settings.cache
-    spec, device = model.spec, model.device
-    canvas = prepare_canvas(spec, input_ids, attention_mask, settings.gen_length, device)
-    generator = torch.Generator(device=device).manual_seed(settings.seed)
-    end_ids = torch.tensor(spec.end_ids, dtype=torch.long, device=device)
-    B, L, S = canvas.x.shape[0], canvas.length, policy.steps_per_region()
-    lookahead = verbs.lookahead_width(policy, schedule, cache)
+    ctx = start_run(model, settings, ops, observed=observer is not None)
+    policy, schedule = ctx.policy, ctx.schedule
+    canvas = prepare_canvas(model.spec, input_ids, attention_mask, settings.gen_length, model.device)
+    B, L, S = canvas.x.shape[0], canvas.length, ctx.steps_per_region
     # end-of-text prediction may truncate rows, which masks their tails' keys
     if policy.eot_lookahead and canvas.attention_mask is None:
-        canvas.attention_mask = torch.ones((B, L), dtype=torch.bool, device=device)
+        canvas.attention_mask = torch.ones((B, L), dtype=torch.bool, device=model.device)
     counters = schedule.start(canvas.state, canvas.prompt_len, S)
-    first_active = torch.full((B,), canvas.prompt_len, dtype=torch.long, device=device)
-    window_logits_stats, tap_project = verbs.forward_ops(
-        policy, model, window_logits_stats=ops.window_logits_stats if ops.fused else None,
-        tap_project=ops.tap_project if ops.fused else None, temperature=temperature, cfg_scale=cfg_scale,
-        filtered=settings.filtered)
-    forward = partial(verbs.forward_rows, model, canvas, cfg_scale=cfg_scale, window_logits_stats=window_logits_stats,
-                      tap_project=tap_project, kernels=ops)
-    kv = _kv_cache(model, settings, schedule, policy, tap_project, B, L)
-    commit_step = ops.commit_step if ops.fused and observer is None else None
+    first_active = torch.full((B,), canvas.prompt_len, dtype=torch.long, device=model.device)
+    forward = partial(verbs.forward_rows, ctx, canvas)
+    kv = None if settings.cache is None else DecodeKVCache(ctx, B, L)
     # a rule's memory across steps (`Policy.memory_spec`), one entry per row; {} for a rule without
-    memory = verbs.allocate_memory(policy, B, verbs.memory_width(policy, schedule, cache), spec, device)
+    memory = allocate_memory(ctx, B)
     budget = verbs.step_budget(schedule, S)
     commits, forwards = [], 0
 
-    clock = verbs.Stopwatch(device)
+    clock = verbs.Stopwatch(model.device)
     while True:
         live = first_active < L
         rows = live.nonzero().flatten()
@@ -132,32 +115,24 @@ def run_decode(model, input_ids, settings: DecodeSettings, ops: OpSet, *, attent
             break
         if forwards == budget:
             raise verbs.budget_error(policy, forwards)
-        region = verbs.commit_region(schedule, counters.block_idx[rows], first_active[rows], L, lookahead)
+        region = verbs.commit_region(schedule, counters.block_idx[rows], first_active[rows], L, ctx.lookahead)
         head, taps = _forward_region(forward, kv, policy, rows, region)
-        signals = verbs.step_signals(head, spec=spec, from_stats=window_logits_stats is not None,
-                                     temperature=temperature, generator=generator, top_p=settings.top_p,
-                                     top_k=settings.top_k)
-        x, state = canvas.x[rows], canvas.state[rows]
+        signals = verbs.step_signals(ctx, head)
         mask = None if canvas.attention_mask is None else canvas.attention_mask[rows]
-        row_counters = counters.take(rows)
-        vocab = _vocab_pass(policy, ops, head, memory, rows, region, state, row_counters.region_step)
-        inp = verbs.step_input(signals, region, state, row_counters, schedule, steps_per_region=S, rows=rows,
-                               taps=taps, folded=tap_project is not None, attention_mask=mask, vocab=vocab)
-        observe = None if observer is None else _recorder(observer, rows, counters.steps[rows], x, state, inp)
-        first_active[rows], committed = verbs.close_step(
-            policy, inp, region, x, state, mask, end_ids=end_ids, pad_id=spec.pad_id, stop_at_eot=settings.stop_at_eot,
-            apply_commits=ops.apply_commits, commit_step=commit_step, generator=generator, observe=observe)
-        canvas.x[rows], canvas.state[rows] = x, state
+        step = verbs.StepRows(rows, canvas.x[rows], canvas.state[rows], mask, counters.take(rows))
+        vocab = _vocab_pass(ctx, head, memory, region, step)
+        inp = verbs.step_input(ctx, signals, region, step, taps, vocab)
+        observe = None if observer is None else _recorder(observer, rows, counters.steps[rows], step.x, step.state,
+                                                          inp)
+        first_active[rows], committed = verbs.close_step(ctx, inp, region, step, observe=observe)
+        canvas.x[rows], canvas.state[rows] = step.x, step.state
         if policy.eot_lookahead:  # its cut may have masked the rows' tails
-            canvas.attention_mask[rows] = mask
+            canvas.attention_mask[rows] = step.attention_mask
         schedule.advance(canvas.state, counters, live)
         commits.append((rows, committed))
         forwards += 1
     seconds = clock.seconds()
     if kv is not None:
         forwards += kv.split_steps
-
-    return canvas.x, verbs.run_stats(
-        canvas.x[:, canvas.prompt_len:], spec.end_ids, steps=counters.steps.tolist(), forwards=forwards,
-        commits_per_step=_per_row(commits, B), seconds=seconds, refreshes=None if kv is None else kv.refreshes,
-        settings=settings.record(policy))
+    return canvas.x, verbs.run_stats(ctx, canvas.x[:, canvas.prompt_len:], _per_row(commits, B), forwards, seconds,
+                                     None if kv is None else kv.refreshes)

@@ -9,16 +9,14 @@ ones on every slot inside its static-shape graphs. `DecodeStats` is what both re
 
 import time
 from dataclasses import dataclass, field
-from functools import partial
 
 import torch
 
 from tracelock import states
 from tracelock.decode.canvas import Canvas, truncate_after
+from tracelock.decode.context import RunContext
 from tracelock.decode.schedule import RowCounters, Schedule
-from tracelock.decode.settings import DecodeSettings
-from tracelock.models.backbone import DiffusionBackbone
-from tracelock.policies import make_policy
+from tracelock.models.query import CacheQuery, Outputs
 from tracelock.policies.base import Lookahead, Policy, StepInput
 from tracelock.signals import Signals, apply_cfg, compute_signals, filter_top_p_top_k
 
@@ -42,49 +40,7 @@ class DecodeStats:
         return sum(self.gen_lengths) / self.seconds if self.seconds > 0 else float("nan")
 
 
-def check_model(model) -> None:
-    if not isinstance(model, DiffusionBackbone):
-        raise TypeError(f"model must be a tracelock DiffusionBackbone (from tracelock.load_model), got {type(model)}")
-
-
-def setup_run(settings: DecodeSettings, skip_finished_blocks) -> tuple:
-    """(schedule, policy): the run's schedule and its policy, built once and set up for it."""
-    schedule = Schedule(settings.gen_length, settings.block, settings.window, settings.idle_steps,
-                        skip_finished_blocks)
-    policy = make_policy(settings.policy, **(settings.policy_args or {}))
-    policy.setup(gen_length=settings.gen_length, num_regions=schedule.num_regions)
-    check_memory_rule(policy, settings)
-    return schedule, policy
-
-
-def check_memory_rule(policy: Policy, settings: DecodeSettings) -> None:
-    """A rule that remembers per slot (``reads_vocab``) runs greedy, in blocks or on the whole answer: its memory
-    follows a region's slots, which a sliding window moves, and its authors' code has no sampled form checked here."""
-    if not policy.reads_vocab:
-        return
-    if settings.window is not None:
-        raise ValueError(f"policy {policy.name!r} keeps a memory per slot of a block, which a sliding window moves: "
-                         f"use block=N (semi-AR blocks) or neither (the whole answer), not window={settings.window}")
-    if settings.temperature > 0:
-        raise ValueError(f"policy {policy.name!r} decodes greedily, as its authors' code is checked here: pass "
-                         f"temperature=0, not {settings.temperature}")
-    if settings.filtered:
-        raise ValueError(f"policy {policy.name!r} reads each slot's whole distribution, as its authors' code does: "
-                         f"drop top_p={settings.top_p} / top_k={settings.top_k}")
-
-
-def memory_width(policy: Policy, schedule: Schedule, cache) -> int:
-    """The slots a rule's memory covers: the commit region's, plus the next region's for ``memory_lookahead``."""
-    return schedule.width + lookahead_width(policy, schedule, cache)
-
-
-def allocate_memory(policy: Policy, rows: int, width: int, spec, device) -> dict:
-    """The rule's per-row buffers (`Policy.memory_spec`), zeros of [rows, *shape]; {} for a rule without memory."""
-    return {name: torch.zeros((rows, *shape), dtype=dtype, device=device)
-            for name, (shape, dtype) in policy.memory_spec(width=width, spec=spec).items()}
-
-
-def vocab_pass(policy: Policy, ops, head, memory: dict, region: "Region", state, region_step) -> dict:
+def vocab_pass(ctx: RunContext, head, memory: dict, region: "Region", state, region_step) -> dict:
     """The rule's `Policy.vocab_pass` on a forward's logits ``head`` [b, W, V] of the rows whose canvas states are
     ``state`` [b, L]: their ``memory`` ([b, W, ...] each) is updated in place; returns its per-slot outputs [b, W]."""
     query = region.query()
@@ -92,7 +48,7 @@ def vocab_pass(policy: Policy, ops, head, memory: dict, region: "Region", state,
     active[:, :region.valid.shape[1]] &= region.valid
     if region.tail_inside is not None:
         active[:, region.valid.shape[1]:] &= region.tail_inside
-    return policy.vocab_pass(ops, head, memory, active, region_step == 0, region.valid.shape[1])
+    return ctx.policy.vocab_pass(ctx.ops, head, memory, active, region_step == 0, region.valid.shape[1])
 
 
 def with_vocab(signals: Signals, vocab: dict | None) -> Signals:
@@ -113,46 +69,6 @@ def step_budget(schedule: Schedule, steps_per_region: int) -> int:
 def budget_error(policy: Policy, steps: int) -> RuntimeError:
     return RuntimeError(f"policy {policy!r} left positions uncommitted after {steps} steps; "
                         "a policy must commit at least one active position within its step budget")
-
-
-def lookahead_width(policy: Policy, schedule: Schedule, cache) -> int:
-    """Positions right of the commit region whose signals the step also reads, 0 for none: the rest of the answer
-    for end-of-text prediction, the next block for a memory that covers it (KLASS). A dual cache recomputes only the
-    region, so it reads none."""
-    if cache == "dual":
-        return 0
-    if policy.eot_lookahead:
-        return schedule.gen_length - schedule.width
-    if policy.memory_lookahead and schedule.kind == "block":
-        return min(schedule.block, schedule.gen_length - schedule.width)
-    return 0
-
-
-def _project_folded(tap_project, A, c, h1, h2, h3):
-    """The three taps [b*T, D] -> the policy's inputs [b*T, N] by its linear fold (A, c)."""
-    return tap_project(h1, h2, h3, A, c)
-
-
-def forward_ops(policy: Policy, model, *, window_logits_stats, tap_project, temperature, cfg_scale,
-                filtered: bool = False) -> tuple:
-    """(window_logits_stats, tap_project) for the forward to run in place of its outputs, each None to get the
-    logits / the raw taps. Greedy steps without CFG score from the LM head's input (no logits written); a policy
-    with a linear tap fold (`Policy.tap_fold`) then gets its controller inputs, ``tap_project`` bound to the fold.
-    ``filtered`` (top-p / top-k) needs the logits too."""
-    if window_logits_stats is None or temperature > 0 or cfg_scale or policy.reads_vocab or filtered:
-        return None, None
-    fold = policy.tap_fold(model) if policy.needs_taps and tap_project is not None else None
-    return window_logits_stats, None if fold is None else partial(_project_folded, tap_project, *fold)
-
-
-def tap_layout(policy: Policy, model, tap_project) -> tuple | None:
-    """(count, X, dtype) of the taps a forward returns for ``policy``: the three raw taps, or with ``tap_project``
-    (`forward_ops`) the one tensor of controller inputs folded from them; None for a policy without taps."""
-    if not policy.needs_taps:
-        return None
-    if tap_project is None:
-        return 3, model.spec.hidden_size, model.dtype
-    return 1, tap_project.args[-1].shape[0], torch.float32  # the fold's (A, c): c [N]
 
 
 @dataclass
@@ -188,46 +104,47 @@ def commit_region(schedule: Schedule, block_idx, first_active, length: int, look
     return region
 
 
-def forward_rows(model, canvas: Canvas, rows, positions, tap_positions, cfg_scale, window_logits_stats=None,
-                 tap_project=None, kernels=None, **cache_args):
+def forward_rows(ctx: RunContext, canvas: Canvas, rows, positions, tap_positions, cache: CacheQuery | None = None):
     """One forward of the given rows: (head, taps, kv_cache).
 
-    ``head`` is the logits [b, R, V] that predict canvas ``positions`` [b, R] (CFG applied), or with
+    ``head`` is the logits [b, R, V] that predict canvas ``positions`` [b, R] (CFG applied), or with the run's
     ``window_logits_stats`` (the LM head and its softmax statistics in one op; greedy without CFG only) its [b, R]
     statistics, so no logits are written. ``taps`` are the three taps at ``tap_positions`` [b, T] (None: no taps), or
-    with ``tap_project`` (bound to the policy's fold, see `forward_ops`) a 1-tuple of the controller inputs folded
-    from them. ``kernels`` are the backbone's per-layer ops (None: their specs). ``cache_args`` (store_kv, kv_cache,
-    query_positions, kv_positions) go to the backbone; ``kv_cache`` is its stored cache (a refresh) or None.
+    with the run's ``tap_project`` (bound to the policy's fold) a 1-tuple of the controller inputs folded from them.
+    ``cache`` goes to the backbone; ``kv_cache`` is its stored cache (a refresh) or None.
     """
-    x = canvas.x[rows]
+    model, x, cfg_scale = ctx.model, canvas.x[rows], ctx.settings.cfg_scale
     mask = None if canvas.attention_mask is None else canvas.attention_mask[rows]
     taps = tap_positions is not None
     if cfg_scale == 0:
-        out = model.predict(x, positions, mask, return_taps=taps, tap_positions=tap_positions,
-                            head_op=window_logits_stats, tap_op=tap_project, kernels=kernels, **cache_args)
+        outputs = Outputs(taps=taps, tap_positions=tap_positions, head_op=ctx.window_logits_stats,
+                          tap_op=ctx.tap_project)
+        out = model.predict(x, positions, mask, outputs=outputs, cache=cache, kernels=ctx.ops)
         folded = None if out.tap_inputs is None else (out.tap_inputs,)
-        head = out.logits if window_logits_stats is None else out.stats
-        return head, out.taps if tap_project is None else folded, out.kv_cache
+        head = out.logits if ctx.window_logits_stats is None else out.stats
+        return head, out.taps if ctx.tap_project is None else folded, out.kv_cache
     # LLaDA's CFG: the unconditional input masks the whole prompt; both halves in one forward
     uncond = x.masked_fill(canvas.state[rows] == states.PROMPT, model.spec.mask_id)
+    outputs = Outputs(taps=taps, tap_positions=None if not taps else torch.cat([tap_positions, tap_positions]))
     out = model.predict(torch.cat([x, uncond]), torch.cat([positions, positions]),
-                        None if mask is None else torch.cat([mask, mask]), return_taps=taps, kernels=kernels,
-                        tap_positions=None if not taps else torch.cat([tap_positions, tap_positions]))
+                        None if mask is None else torch.cat([mask, mask]), outputs=outputs, kernels=ctx.ops)
     cond, un = out.logits.chunk(2)
     # the controller reads the conditional pass's hidden states
     return apply_cfg(cond, un, cfg_scale), None if not taps else tuple(t.chunk(2)[0] for t in out.taps), None
 
 
-def step_signals(head, *, spec, from_stats: bool, temperature: float, generator, top_p=None, top_k=None) -> Signals:
-    """The `Signals` of a forward's ``head``: `window_logits_stats`'s statistics (``from_stats``) or logits, these
-    cut by ``top_p`` / ``top_k`` first (Dream's ``sample_tokens``: its filters on logits / T, then every signal from
-    the kept tokens)."""
-    if from_stats:
+def step_signals(ctx: RunContext, head) -> Signals:
+    """The `Signals` of a forward's ``head``: `window_logits_stats`'s statistics (the run's forward scores) or
+    logits, these cut by top-p / top-k first (Dream's ``sample_tokens``: its filters on logits / T, then every signal
+    from the kept tokens)."""
+    settings, spec, temperature = ctx.settings, ctx.spec, ctx.settings.temperature
+    top_p, top_k = settings.top_p, settings.top_k
+    if ctx.window_logits_stats is not None:
         proposal, max_prob, second_prob, neg_entropy, eos_prob = head
         return Signals(proposal, max_prob, max_prob - second_prob, neg_entropy, eos_prob)
     if (top_p is not None and top_p < 1) or top_k is not None:
         head = filter_top_p_top_k(head, top_p=top_p, top_k=top_k, temperature=temperature)
-    return compute_signals(head, eos_id=spec.eos_id, temperature=temperature, generator=generator,
+    return compute_signals(head, eos_id=spec.eos_id, temperature=temperature, generator=ctx.generator,
                            tempered=spec.family == "dream")
 
 
@@ -237,12 +154,25 @@ def _split_signals(signals: Signals, width: int) -> tuple[Signals, Signals]:
     return Signals(*(f[:, :width] for f in fields)), Signals(*(f[:, width:] for f in fields))
 
 
-def step_input(signals: Signals, region: Region, state, counters: RowCounters, schedule: Schedule, *,
-               steps_per_region: int, rows, taps, folded: bool, attention_mask, vocab: dict | None = None) -> StepInput:
-    """What the policy reads at this step, of the rows whose canvas states are ``state`` [b, L] and schedule
-    counters ``counters`` ([b] each). ``signals`` cover the region's slots and then its tail; ``taps`` are the
-    forward's (a 1-tuple of controller inputs when ``folded``); ``vocab`` is a rule's `vocab_pass` outputs (region
-    and tail)."""
+@dataclass
+class StepRows:
+    """The rows a step decodes: their batch indices ``rows`` [b], their canvas (``x``, ``state`` [b, L] and
+    ``attention_mask`` [b, L] or None; the loop's copies, the engine's buffers themselves) and schedule
+    ``counters`` ([b] each)."""
+
+    rows: torch.Tensor
+    x: torch.Tensor
+    state: torch.Tensor
+    attention_mask: torch.Tensor | None
+    counters: RowCounters
+
+
+def step_input(ctx: RunContext, signals: Signals, region: Region, step: StepRows, taps=None, vocab: dict | None = None
+               ) -> StepInput:
+    """What the policy reads at this step of the ``step`` rows. ``signals`` cover the region's slots and then its
+    tail; ``taps`` are the forward's (a 1-tuple of controller inputs with the run's ``tap_project``); ``vocab`` is a
+    rule's `vocab_pass` outputs (region and tail)."""
+    state, counters = step.state, step.counters
     signals = with_vocab(signals, vocab)
     if vocab:
         vocab = {k: v[:, :region.gather.shape[1]] for k, v in vocab.items()}
@@ -252,13 +182,14 @@ def step_input(signals: Signals, region: Region, state, counters: RowCounters, s
         tail_active = region.tail_inside & (state.gather(1, region.tail) == states.ACTIVE)
         lookahead = Lookahead(tail_signals, tail_active, region.tail)
     tap_inputs = None
-    if folded and taps is not None:
+    if ctx.tap_project is not None and taps is not None:
         (tap_inputs,), taps = taps, None
     return StepInput(signals=signals, active=region.valid & (state.gather(1, region.gather) == states.ACTIVE),
                      region_step=counters.region_step, region_initial=counters.region_initial,
-                     region_active=schedule.region_active(state, counters.block_idx),
-                     steps_per_region=steps_per_region, positions=region.gather, state=state, rows=rows, taps=taps,
-                     tap_inputs=tap_inputs, attention_mask=attention_mask, lookahead=lookahead, vocab=vocab)
+                     region_active=ctx.schedule.region_active(state, counters.block_idx),
+                     steps_per_region=ctx.steps_per_region, positions=region.gather, state=state, rows=step.rows,
+                     taps=taps, tap_inputs=tap_inputs, attention_mask=step.attention_mask, lookahead=lookahead,
+                     vocab=vocab)
 
 
 def scatter_slots(values: torch.Tensor, into: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -267,50 +198,53 @@ def scatter_slots(values: torch.Tensor, into: torch.Tensor, positions: torch.Ten
     return wide.scatter(1, positions, values.to(into.dtype))[:, :-1].contiguous()
 
 
-def close_step(policy: Policy, inp: StepInput, region: Region, x, state, attention_mask, *, end_ids, pad_id,
-               stop_at_eot, apply_commits, commit_step=None, generator=None, live=None, observe=None) -> tuple:
-    """Close the step of the rows of ``x`` / ``state`` [b, L] (in place): commit what the policy chooses.
+def close_step(ctx: RunContext, inp: StepInput, region: Region, step: StepRows, *, live=None, observe=None) -> tuple:
+    """Close the step of the ``step`` rows (their ``x`` / ``state`` / ``attention_mask`` in place): commit what the
+    policy chooses.
 
-    When ``commit_step`` is given and the policy has a `Policy.commit_rule` (TraceLock, whatever rule it carries), the
-    op scores, selects, commits and fills the end-of-text tail on the device in one pass. Otherwise the policy
+    When the run has a ``commit_step`` and the policy a `Policy.commit_rule` (TraceLock, whatever rule it carries),
+    the op scores, selects, commits and fills the end-of-text tail on the device in one pass. Otherwise the policy
     decides (chosen slots and an optional end-of-text cut), ``observe(chosen)`` sees the choice before the commits,
-    ``apply_commits`` writes them (and with ``stop_at_eot`` fills a row's tail after a committed end token), and the
-    cut truncates the row, masking its tail in ``attention_mask``. ``live`` [b] (the engine's slots; None: every row)
-    keeps the other rows whole.
+    the op set's ``apply_commits`` writes them (and with ``stop_at_eot`` fills a row's tail after a committed end
+    token), and the cut truncates the row, masking its tail in ``attention_mask``. ``live`` [b] (the engine's slots;
+    None: every row) keeps the other rows whole.
 
     Returns:
         (first_active [b], committed [b]): each row's first active position (L for none) and its commit count.
     """
-    signals, active = inp.signals, inp.active
+    policy, signals, active, x, state = ctx.policy, inp.signals, inp.active, step.x, step.state
+    pad_id, stop_at_eot = ctx.spec.pad_id, bool(ctx.settings.stop_at_eot)
     length = x.shape[1]
     scatter_pos = region.scatter_positions(length)
-    rule = None if commit_step is None else policy.commit_rule(inp)
+    rule = None if ctx.commit_step is None else policy.commit_rule(inp)
     if rule is not None:
         # a memory rule's proposal is its region's part of a wider pass (KLASS's reaches into the next region)
-        return commit_step(rule.score, rule.tau, active, signals.proposal.contiguous(), scatter_pos, x, state, end_ids,
-                           rule.theta, rule.cap, fallback_score=rule.fallback_score, held=rule.held,
-                           inclusive=rule.inclusive, fill_id=pad_id, stop_at_eot=bool(stop_at_eot))
-    chosen, cut = policy.decide(inp, generator)
+        return ctx.commit_step(rule.score, rule.tau, active, signals.proposal.contiguous(), scatter_pos, x, state,
+                               ctx.end_ids, rule.theta, rule.cap, fallback_score=rule.fallback_score, held=rule.held,
+                               inclusive=rule.inclusive, fill_id=pad_id, stop_at_eot=stop_at_eot)
+    chosen, cut = policy.decide(inp, ctx.generator)
     chosen = chosen & active
     if observe is not None:
         observe(chosen)
     proposal = scatter_slots(signals.proposal, x, scatter_pos)
     commit = scatter_slots(chosen, torch.zeros_like(x, dtype=torch.bool), scatter_pos)
-    first_active = apply_commits(x, state, proposal, commit, end_ids, pad_id, stop_at_eot)
+    first_active = ctx.ops.apply_commits(x, state, proposal, commit, ctx.end_ids, pad_id, stop_at_eot)
     if cut is not None:
         if live is not None:
             cut = torch.where(live, cut, length)
-        first_active = truncate_after(x, state, attention_mask, cut, pad_id)
+        first_active = truncate_after(x, state, step.attention_mask, cut, pad_id)
     return first_active, chosen.sum(1)
 
 
-def run_stats(generated: torch.Tensor, end_ids, *, steps: list, forwards: int, commits_per_step: list,
-              seconds: float, refreshes, settings: dict) -> DecodeStats:
-    """The `DecodeStats` every driver reports, of rows whose generations are ``generated`` [B, G]; ``refreshes`` is
-    the KV cache's [B] count (None without a cache)."""
+def run_stats(ctx: RunContext, generated: torch.Tensor, commits_per_step: list, forwards: int, seconds: float,
+              refreshes=None) -> DecodeStats:
+    """The `DecodeStats` every driver reports, of rows whose generations are ``generated`` [B, G] and commits per
+    step ``commits_per_step`` ([B] lists: a row's steps are their count); ``refreshes`` is the KV cache's [B] count
+    (None without a cache)."""
+    steps = [len(c) for c in commits_per_step]
     return DecodeStats(steps=steps, forwards=forwards, commits_per_step=commits_per_step, seconds=seconds,
-                       gen_lengths=gen_lengths(generated, end_ids),
-                       refreshes=[0] * len(steps) if refreshes is None else refreshes.tolist(), settings=dict(settings))
+                       gen_lengths=gen_lengths(generated, ctx.spec.end_ids),
+                       refreshes=[0] * len(steps) if refreshes is None else refreshes.tolist(), settings=ctx.record)
 
 
 def gen_lengths(generated: torch.Tensor, end_ids) -> list:

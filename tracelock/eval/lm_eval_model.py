@@ -65,8 +65,8 @@ class TraceLockLM(LM):
         super().__init__()
         import torch
 
+        from tracelock.decode.context import check_memory_rule
         from tracelock.decode.settings import DecodeSettings
-        from tracelock.decode.step import check_memory_rule
         from tracelock.eval.runner import PolicySpec, build_policy
         from tracelock.models import load_model, load_tokenizer
 

@@ -10,23 +10,24 @@ ops to run in place of the LM head and of the raw taps (``head_op``, ``tap_op``)
 greedy signals and the controller inputs instead.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tracelock.models.query import CacheQuery, Outputs
 from tracelock.models.spec import ModelSpec
 
 
 @dataclass
 class BackboneOutput:
-    logits: torch.Tensor | None  # [B, R, V] raw (unshifted) logits at logit_positions
+    logits: torch.Tensor | None  # [B, R, V] raw (unshifted) logits at the outputs' positions
     taps: tuple | None  # 3 x [B, T, D]: h_{n-2}, h_{n-1}, norm_f(h_n) at tap_positions
-    hidden: torch.Tensor | None = None  # [B, R, D] norm_f(h_n) at logit_positions (the LM head's input)
-    stats: tuple | None = None  # [B, R] each: head_op's outputs at logit_positions
+    hidden: torch.Tensor | None = None  # [B, R, D] norm_f(h_n) there (the LM head's input)
+    stats: tuple | None = None  # [B, R] each: head_op's outputs there
     tap_inputs: torch.Tensor | None = None  # [B, T, N]: tap_op's outputs at tap_positions
-    kv_cache: "KVCache | None" = None  # with store_kv: every position's keys and values
+    kv_cache: "KVCache | None" = None  # a refresh (CacheQuery.store): every position's keys and values
 
 
 @dataclass
@@ -208,6 +209,23 @@ def _gather_rows(x, positions):
     return torch.gather(x, 1, positions[..., None].expand(-1, -1, x.shape[-1]))
 
 
+def _key_padding_mask(attention_mask, B: int, L: int, dtype):
+    """Key-padding mask only: pad keys are hidden from everyone; pad query rows are never read. Built once per
+    forward as the additive mask SDPA uses (a boolean one is converted in every layer). Callers pass None when
+    nothing is padded (checking here would cost a host sync)."""
+    if attention_mask is None:
+        return None
+    return torch.zeros((B, 1, 1, L), dtype=dtype, device=attention_mask.device).masked_fill_(
+        ~attention_mask.bool()[:, None, None, :], float("-inf"))
+
+
+def _in_query(outputs: Outputs, cache: CacheQuery, L: int) -> Outputs:
+    """``outputs`` with its positions re-indexed into a cached step's query rows."""
+    q, check = cache.query_positions, cache.check_query
+    taps = _rows_in(q, outputs.tap_positions, L, "tap_positions", check) if outputs.taps else None
+    return replace(outputs, positions=_rows_in(q, outputs.positions, L, "positions", check), tap_positions=taps)
+
+
 def _rows_in(query_positions, positions, L: int, name: str, check: bool = True):
     """Indices into the query rows [B, Q] of canvas ``positions`` [B, R] (None: every query row)."""
     if positions is None:
@@ -282,108 +300,77 @@ class DiffusionBackbone(nn.Module):
             return torch.arange(L, device=self.device).expand(B, L)
         return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
 
-    def predict(self, input_ids, positions, attention_mask=None, *, return_taps=False, tap_positions=None,
-                return_hidden=False, head_op=None, tap_op=None, store_kv=False, kv_cache=None, query_positions=None,
-                kv_positions=None, check_query=True, kernels=None):
-        """Logits that predict the tokens at canvas ``positions`` [B, R] (or, with ``return_hidden``, the LM
-        head's input there instead, or with ``head_op`` its outputs there), and optionally taps (or with
-        ``tap_op`` the controller inputs folded from them); see `forward`.
+    def predict(self, input_ids, positions, attention_mask=None, *, outputs: Outputs | None = None,
+                cache: CacheQuery | None = None, kernels=None) -> BackboneOutput:
+        """The forward's outputs at canvas ``positions`` [B, R], the positions whose tokens are predicted: the logits
+        there by default, or what ``outputs`` asks for (its ``tap_positions`` canvas positions too, its ``positions``
+        left None); see `forward`.
 
-        This is what decoding calls: the family's shift (`ModelSpec.output_rows`) is applied here, once,
-        to the logits and to the tap positions (features get the same shift as the logits). ``query_positions``
-        (a cached step) are output rows, not shifted here: they must include ``output_rows(positions)``.
+        This is what decoding calls: the family's shift (`ModelSpec.output_rows`) is applied here, once, to the
+        logits and to the tap positions (features get the same shift as the logits). A cached step's query positions
+        are output rows, not shifted here: they must include ``output_rows(positions)``.
         """
+        outputs = outputs or Outputs()
+        if outputs.positions is not None:
+            raise ValueError("predict takes the canvas positions as its own argument: leave outputs.positions None")
         first = None
         if attention_mask is not None and self.spec.logit_shift:
             first = attention_mask.to(torch.uint8).argmax(1)  # left padding: each row's first real position
-        out = self.forward(input_ids, attention_mask, logit_positions=self.spec.output_rows(positions, first),
-                           return_logits=not return_hidden and head_op is None, return_hidden=return_hidden,
-                           return_taps=return_taps,
-                           tap_positions=None if tap_positions is None else self.spec.output_rows(tap_positions,
-                                                                                                  first),
-                           head_op=head_op, tap_op=tap_op, store_kv=store_kv, kv_cache=kv_cache,
-                           query_positions=query_positions, kv_positions=kv_positions, check_query=check_query,
-                           kernels=kernels)
-        return out
+        taps = outputs.tap_positions
+        outputs = replace(outputs, positions=self.spec.output_rows(positions, first),
+                          tap_positions=None if taps is None else self.spec.output_rows(taps, first))
+        return self.forward(input_ids, attention_mask, outputs=outputs, cache=cache, kernels=kernels)
 
-    def _check_forward(self, input_ids, attention_mask, return_logits, return_hidden, return_taps, head_op, tap_op,
-                       causal, store_kv, kv_cache, query_positions) -> None:
+    def _check_forward(self, input_ids, attention_mask, outputs: Outputs, cache: CacheQuery | None, causal) -> None:
         """`forward`'s argument checks: the combinations that cannot go together, each error saying what to pass."""
-        if (kv_cache is None) != (query_positions is None):
-            raise ValueError("kv_cache and query_positions go together: pass both (a cached step) or neither")
-        if kv_cache is not None and (causal or store_kv):
-            raise ValueError("a cached step (kv_cache) cannot also be causal or store_kv; refresh with a full "
-                             "forward (store_kv=True, no kv_cache)")
+        if cache is not None and (cache.kv is None) != (cache.query_positions is None):
+            raise ValueError("cache.kv and cache.query_positions go together: pass both (a cached step) or neither")
+        if cache is not None and cache.kv is not None and (causal or cache.store):
+            raise ValueError("a cached step (cache.kv) cannot also be causal or store; refresh with a full forward "
+                             "(CacheQuery(store=True), no kv)")
         if causal and attention_mask is not None:
             raise ValueError("causal=True takes no attention_mask (the causal mask is the only mask); pass "
                              "unpadded rows or causal=False")
-        if head_op is not None and (return_logits or return_hidden):
-            raise ValueError("head_op replaces the LM head and returns only its stats: pass return_logits=False "
-                             "and return_hidden=False with it (or drop head_op to get logits or hidden)")
-        if tap_op is not None and not return_taps:
-            raise ValueError("tap_op folds the three taps, so it needs tap rows: pass return_taps=True (with "
+        if outputs.head_op is not None and (outputs.wants_logits or outputs.hidden):
+            raise ValueError("outputs.head_op replaces the LM head and returns only its stats: pass logits=False "
+                             "and hidden=False with it (or drop head_op to get logits or hidden)")
+        if outputs.tap_op is not None and not outputs.taps:
+            raise ValueError("outputs.tap_op folds the three taps, so it needs tap rows: pass taps=True (with "
                              "tap_positions, default all rows) or drop tap_op")
-        if return_taps and len(self.blocks) < 3:
-            raise ValueError(f"return_taps reads the last three layers' hidden states, but this model has "
+        if outputs.taps and len(self.blocks) < 3:
+            raise ValueError(f"outputs.taps reads the last three layers' hidden states, but this model has "
                              f"{len(self.blocks)} layers; use a model with at least 3")
         L = input_ids.shape[1]
         if L > self.spec.max_positions:
             raise ValueError(f"input_ids has {L} positions but the model supports at most {self.spec.max_positions} "
                              f"(max positions in config.json); shorten the prompt or gen_length")
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, *, logit_positions=None,
-                return_logits=None, return_hidden=False, return_taps=False, tap_positions=None,
-                head_op=None, tap_op=None, causal=False, store_kv=False, kv_cache=None,
-                query_positions=None, kv_positions=None, check_query=True, kernels=None) -> BackboneOutput:
-        """Run the backbone (every position, or with ``kv_cache`` only the ``query_positions`` rows).
+    def forward(self, input_ids, attention_mask=None, position_ids=None, *, outputs: Outputs | None = None,
+                cache: CacheQuery | None = None, causal=False, kernels=None) -> BackboneOutput:
+        """Run the backbone (every position, or with a cached step only the query rows).
 
         Args:
-            input_ids (torch.Tensor): [B, L] int64 tokens.
+            input_ids (torch.Tensor): [B, L] int64 tokens (with a cached step still the whole canvas; the cache may
+                hold more positions than L, only the first L are keys).
             attention_mask (torch.Tensor): [B, L] bool/int, 1 for real tokens, 0 for (left) padding keys.
                 Default: None (every key visible).
             position_ids (torch.Tensor): [B, L] int64. Default: counted from the first real token of each row.
-            logit_positions (torch.Tensor): [B, R] int64 output rows to apply the LM head to. Default: all rows.
-            return_logits (bool): return the logits at ``logit_positions``. Default: True, or False with
-                ``head_op`` (which replaces the LM head).
-            return_hidden (bool): also return norm_f(h_n) at ``logit_positions``, the LM head's input (what
-                `tracelock.ops.window_logits_stats` scores without writing the logits).
-            return_taps (bool): also return h_{n-2}, h_{n-1} and norm_f(h_n) at ``tap_positions``
-                (default: all rows): the last three entries of HF ``output_hidden_states``.
-            head_op (callable, optional): ``head_op(hidden [B*R, D], lm_head_weight [V, D], eos_id)`` -> a
-                tuple of [B*R] tensors, applied to norm_f(h_n) at ``logit_positions`` in place of the LM head
-                (the fused loop passes `tracelock.ops.window_logits_stats`); its outputs come back as ``stats``,
-                [B, R] each, and neither logits nor hidden are returned, so no [B, R, V] tensor is written.
-            tap_op (callable, optional): ``tap_op(h1, h2, h3 each [B*T, D])`` -> [B*T, N], applied to the three
-                taps (needs ``return_taps``; the fused loop passes `tracelock.ops.tap_project` with a TraceLock
-                policy's fold ``h1 @ A[0] + h2 @ A[1] + h3 @ A[2] + c``). Its output comes back as
-                ``tap_inputs`` [B, T, N] and ``taps`` is None. The rows of h_{n-2} and h_{n-1} are still
-                gathered at their layers; they live only until the op runs, after the final norm gives the
-                third tap, and the op reads the three in one pass.
+            outputs (Outputs, optional): what to return (`tracelock.models.query.Outputs`). Default: the logits of
+                every row.
+            cache (CacheQuery, optional): a refresh or a cached step (`tracelock.models.query.CacheQuery`).
+                Default: None (no cache).
             causal (bool): a causal attention mask instead of the diffusion models' full attention. Only the
                 testbed's AR calibration (`tracelock.testbed.ar_calibration`) uses it; no decoder does.
-            store_kv (bool): also return every position's keys and values (`KVCache`): a cache refresh.
-            kv_cache (KVCache, optional): recompute only the rows at ``query_positions`` [B, Q] (canvas positions;
-                a row may repeat its last position as padding): they attend to the cached keys/values of every
-                other position and to their own fresh ones, which are written into the cache in place.
-                ``logit_positions`` and ``tap_positions`` must lie among them. ``input_ids`` is still the whole
-                canvas [B, L]; the cache may hold more positions than L (only the first L are keys).
-            kv_positions (torch.Tensor, optional): with ``kv_cache``, where in the cache the fresh keys/values go
-                [B, Q]. Default: ``query_positions``; the engine sends its padding rows to a spare position.
             kernels (optional): the per-layer ops (``add_rms_norm``, ``rope_qkv``, ``silu_mul``, ``linear``), e.g.
                 a `tracelock.ops.OpSet`. Default: their plain-PyTorch specs (`tracelock.ops.spec_set`).
-            check_query (bool): with ``kv_cache`` on a CPU, check that they do (one host read; a caller that
-                builds its positions inside the query, as the static-shape engine does, passes False). Never
-                checked on CUDA or inside a compiled graph.
 
         Returns:
             BackboneOutput: raw (unshifted) logits [B, R, V], the LM head's input [B, R, D], the taps
-            (3 x [B, T, D]), head_op's stats ([B, R] each) and tap_op's inputs [B, T, N], each None unless
-            asked for.
+            (3 x [B, T, D]), head_op's stats ([B, R] each), tap_op's inputs [B, T, N] and the refresh's
+            `KVCache`, each None unless asked for.
         """
-        if return_logits is None:
-            return_logits = head_op is None
-        self._check_forward(input_ids, attention_mask, return_logits, return_hidden, return_taps, head_op, tap_op,
-                            causal, store_kv, kv_cache, query_positions)
+        outputs = outputs or Outputs()
+        self._check_forward(input_ids, attention_mask, outputs, cache, causal)
         B, L = input_ids.shape
         if position_ids is None:
             position_ids = self.positions_for(attention_mask, B, L)
@@ -391,53 +378,60 @@ class DiffusionBackbone(nn.Module):
             from tracelock.ops import spec_set
 
             kernels = spec_set()
-        # key-padding mask only: pad keys are hidden from everyone; pad query rows are never read. Built once per
-        # forward as the additive mask SDPA uses (a boolean one is converted in every layer). Callers pass None when
-        # nothing is padded (checking here would cost a host sync).
-        attn_mask = None
-        if attention_mask is not None:
-            attn_mask = torch.zeros((B, 1, 1, L), dtype=self.dtype, device=input_ids.device).masked_fill_(
-                ~attention_mask.bool()[:, None, None, :], float("-inf"))
-        past = index = None
-        if kv_cache is not None:
+        attn_mask = _key_padding_mask(attention_mask, B, L, self.dtype)
+        past = None
+        if cache is not None and cache.kv is not None:
             # only the query rows run; positions asked for are re-indexed into them
-            logit_positions = _rows_in(query_positions, logit_positions, L, "logit_positions", check_query)
-            tap_positions = (_rows_in(query_positions, tap_positions, L, "tap_positions", check_query) if return_taps
-                             else None)
-            input_ids, position_ids = input_ids.gather(1, query_positions), position_ids.gather(1, query_positions)
-            index = query_positions if kv_positions is None else kv_positions
-        cos, sin = rope_cos_sin(position_ids, self.spec.head_dim, self.spec.rope_theta)
+            outputs = _in_query(outputs, cache, L)
+            q = cache.query_positions
+            input_ids, position_ids = input_ids.gather(1, q), position_ids.gather(1, q)
+            past = (cache.kv, q if cache.kv_positions is None else cache.kv_positions, L)
+        store = cache is not None and cache.store
+        h, delta, taps, stored = self._layers(input_ids, position_ids, attn_mask, kernels, causal, past, store,
+                                              outputs)
+        logits, hidden, stats = self._head(h, delta, outputs)
+        taps, tap_inputs = self._taps(h, delta, taps, outputs)
+        return BackboneOutput(logits=logits, taps=taps, hidden=hidden, stats=stats, tap_inputs=tap_inputs,
+                              kv_cache=KVCache([k for k, _ in stored], [v for _, v in stored]) if store else None)
 
+    def _layers(self, input_ids, position_ids, attn_mask, kernels, causal, past, store, outputs: Outputs) -> tuple:
+        """(h, delta) after the last layer, the first two taps' rows, and with ``store`` every layer's keys and
+        values. ``past`` = (cache, write positions, L) for a cached step."""
+        cos, sin = rope_cos_sin(position_ids, self.spec.head_dim, self.spec.rope_theta)
         h, delta = self.embed(input_ids), None
         n = len(self.blocks)
-        taps, stored = [], [] if store_kv else None
+        taps, stored = [], []
         for i, block in enumerate(self.blocks):
-            if kv_cache is not None:
-                past = (kv_cache.keys[i], kv_cache.values[i], index, L)
-            out = block(h, delta, cos, sin, attn_mask, kernels, causal, past, store_kv)
+            layer_past = None if past is None else (past[0].keys[i], past[0].values[i], past[1], past[2])
+            out = block(h, delta, cos, sin, attn_mask, kernels, causal, layer_past, store)
             h, delta = out[:2]
-            if store_kv:
+            if store:
                 stored.append(out[2:])
-            if return_taps and i in (n - 3, n - 2):
+            if outputs.taps and i in (n - 3, n - 2):
                 # the layer's output h + delta, at the tap rows only
-                taps.append(_layer_output(h, delta, tap_positions))
+                taps.append(_layer_output(h, delta, outputs.tap_positions))
+        return h, delta, taps, stored
+
+    def _head(self, h, delta, outputs: Outputs) -> tuple:
+        """(logits, hidden, stats) at the outputs' positions, each None unless asked for."""
         logits = hidden = stats = None
-        if return_logits or return_hidden or head_op is not None:
+        if outputs.wants_logits or outputs.hidden or outputs.head_op is not None:
             # the final norm as its module, on the gathered rows only (a few: no kernel needed; hooks on it still fire)
-            normed = self.norm(_layer_output(h, delta, logit_positions))
-            logits = self.lm_head(normed) if return_logits else None
-            hidden = normed if return_hidden else None
-            if head_op is not None:
-                R, D = normed.shape[1:]
-                stats = tuple(t.reshape(B, R) for t in head_op(normed.reshape(B * R, D), self.lm_head.weight,
-                                                               self.spec.eos_id))
-        tap_inputs = None
-        if return_taps:
-            taps.append(self.norm(_layer_output(h, delta, tap_positions)))
-            if tap_op is not None:
-                T, D = taps[0].shape[1:]
-                tap_inputs = tap_op(*(t.reshape(B * T, D) for t in taps)).reshape(B, T, -1)
-        taps = tuple(taps) if return_taps and tap_op is None else None
-        cache = KVCache([k for k, _ in stored], [v for _, v in stored]) if store_kv else None
-        return BackboneOutput(logits=logits, taps=taps, hidden=hidden, stats=stats, tap_inputs=tap_inputs,
-                              kv_cache=cache)
+            normed = self.norm(_layer_output(h, delta, outputs.positions))
+            logits = self.lm_head(normed) if outputs.wants_logits else None
+            hidden = normed if outputs.hidden else None
+            if outputs.head_op is not None:
+                B, R, D = normed.shape
+                stats = tuple(t.reshape(B, R) for t in outputs.head_op(normed.reshape(B * R, D), self.lm_head.weight,
+                                                                       self.spec.eos_id))
+        return logits, hidden, stats
+
+    def _taps(self, h, delta, taps: list, outputs: Outputs) -> tuple:
+        """(taps, tap_inputs): the three taps, or with ``tap_op`` the controller inputs folded from them."""
+        if not outputs.taps:
+            return None, None
+        taps.append(self.norm(_layer_output(h, delta, outputs.tap_positions)))
+        if outputs.tap_op is None:
+            return tuple(taps), None
+        B, T, D = taps[0].shape
+        return None, outputs.tap_op(*(t.reshape(B * T, D) for t in taps)).reshape(B, T, -1)

@@ -50,7 +50,7 @@ class ServedPolicy:
 
 def remembers(name: str) -> bool:
     """Whether the named policy keeps a memory per slot from step to step (CreditDecoding, KLASS, LESS): such a rule
-    decodes greedily and in blocks (`tracelock.decode.step.check_memory_rule`)."""
+    decodes greedily and in blocks (`tracelock.decode.context.check_memory_rule`)."""
     from tracelock.policies import POLICIES
 
     return bool(getattr(POLICIES.get(name), "reads_vocab", False))

@@ -306,7 +306,8 @@ class Scheduler:
             if not lane.rows:  # an idle engine starts afresh: a sampled request alone draws as it did before
                 lane.engine.reset()
                 # from its setting's seed: the engine may have been built for another (a lane of the same shape)
-                lane.engine.generator.manual_seed(lane.key[0].seed)
+                if lane.engine.context.generator is not None:  # a deterministic engine draws nothing
+                    lane.engine.context.generator.manual_seed(lane.key[0].seed)
             try:
                 sub.slot = lane.engine.admit(sub.prompt)
             except ValueError as err:  # the handler checks prompts first; this is the engine's word on the rest

@@ -38,6 +38,7 @@ from tracelock.atomic import atomic_write_json, atomic_write_text, folder_lock, 
 from tracelock.integrity import load_tensors, read_json, save_tensors
 from tracelock.models.backbone import DiffusionBackbone
 from tracelock.models.loading import load_tokenizer
+from tracelock.models.query import Outputs
 from tracelock.models.spec import ModelSpec
 from tracelock.progress import progress_bar
 from tracelock.tasks import held_out, sample
@@ -137,7 +138,7 @@ def ar_loss(model, x, answer_region):
     end = answer_region & (x != model.spec.eos_id)
     keep = int((end.long() * torch.arange(x.shape[1], device=x.device)).max()) + 2
     x, answer_region = x[:, :keep], answer_region[:, :keep]
-    hidden = model(x, return_logits=False, return_taps=True, causal=True).taps[2]
+    hidden = model(x, outputs=Outputs(logits=False, taps=True), causal=True).taps[2]
     targets = answer_region[:, 1:]
     return F.cross_entropy(model.lm_head(hidden[:, :-1][targets]).float(), x[:, 1:][targets])
 
@@ -179,7 +180,7 @@ def sft_loss(model, x, answer_region, generator, eps, answer_len=None, block_fra
         answer_region.cpu(), None if answer_len is None else answer_len.cpu(), generator, eps, block_fraction,
         block_sizes))
     noisy = x.masked_fill(masked, model.spec.mask_id)
-    hidden = model(noisy, return_logits=False, return_taps=True).taps[2]
+    hidden = model(noisy, outputs=Outputs(logits=False, taps=True)).taps[2]
     # the output rows that predict the supervised positions (Dream: the row before each; the family's one shift)
     batch_idx, pos = supervised.nonzero(as_tuple=True)
     logits = model.lm_head(hidden[batch_idx, model.spec.output_rows(pos)]).float()

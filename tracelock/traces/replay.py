@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from tracelock.models.query import Outputs
 from tracelock.signals import compute_signals
 from tracelock.traces.trace import Trace
 
@@ -52,7 +53,7 @@ def replay(model, trace: Trace, steps=None, *, batch_size: int = 8) -> Iterator[
         chunk = steps[lo:lo + batch_size]
         x = torch.from_numpy(np.stack([trace.x_at(int(s)) for s in chunk])).to(device)
         b = len(chunk)
-        out = model.predict(x, gen_pos.expand(b, G), None, return_taps=True, tap_positions=all_pos.expand(b, L))
+        out = model.predict(x, gen_pos.expand(b, G), outputs=Outputs(taps=True, tap_positions=all_pos.expand(b, L)))
         signals = compute_signals(out.logits)
         taps = [t.float() for t in out.taps]
         for j, step in enumerate(chunk.tolist()):
