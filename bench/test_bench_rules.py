@@ -21,7 +21,8 @@ import pytest
 import torch
 
 import tracelock
-from tracelock.decode.engine import DecodeEngine, prompt_bucket, row_bucket
+from tracelock.decode.engine import DecodeEngine, prompt_bucket
+from tracelock.decode.runner import row_bucket
 
 ITEMS, GEN, BLOCK = 8, 64, 16
 RULES = {"credit": {}, "klass": {}, "less": {}, "hierarchy": {"tau": 0.9}, "eb": {}, "pc": {"background": None}}

@@ -121,9 +121,9 @@ def test_every_policy_captures_whole_and_matches(family, request):
         counter = CompileCounter()
         kw = dict(policy=policy, policy_args=args, gen_length=G, **schedule)
         rows, engine = decode_on_engine(model, prompts[:batch], compile=True, backend=counter, **kw)
-        assert engine.compiled and counter.frame_count == 2 + len(engine._forward_fns)
+        assert engine.compiled and counter.frame_count == 2 + len(engine.runner.graphs)
         if batch > 1 and "threshold" in str(policy):
-            assert len(engine._forward_fns) > 2  # rows finished apart: forwards ran on fewer rows than slots
+            assert len(engine.runner.graphs) > 2  # rows finished apart: forwards ran on fewer rows than slots
         for r, prompt in enumerate(prompts[:batch]):
             assert_same_decode(rows[r], tracelock.fused_generate(model, [prompt], impl="torch", **kw), f"{policy}")
 
@@ -147,7 +147,7 @@ def test_recompiles_are_bounded(llada):
         if rnd == 0:
             first = counter.frame_count
     assert first == counter.frame_count <= 2 + 2 * 2
-    assert sorted(engine._forward_fns) == [("cached", 1), ("cached", 2), ("refresh", 1), ("refresh", 2)]
+    assert sorted(engine.runner.graphs) == [("cached", 1), ("cached", 2), ("refresh", 1), ("refresh", 2)]
 
 
 @pytest.mark.parametrize("kw,why", [

@@ -13,7 +13,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tracelock
-from tracelock.decode.engine import DecodeEngine, prompt_bucket, row_bucket
+from tracelock.decode.engine import DecodeEngine, prompt_bucket
+from tracelock.decode.runner import row_bucket
 from tracelock.policies import Policy
 from tracelock.policies.l2p import L2PHiddenPolicy, L2PPolicy
 from tracelock.policies.oracle import OraclePolicy
@@ -197,7 +198,7 @@ def test_one_host_read_per_step(model, cache):
         if not ran:
             break
         steps += 1
-    assert steps == int(engine.steps.max())
+    assert steps == int(engine.runner.counters.steps.max())
 
 
 def test_settings_and_buckets():

@@ -20,6 +20,24 @@ class Canvas:
     def length(self) -> int:
         return self.x.shape[1]
 
+    def admit(self, row: int, ids: torch.Tensor, spec: ModelSpec) -> None:
+        """Put prompt ``ids`` [n] into ``row`` (an engine's slot): left-padded to the prompt region, its generation
+        all masks."""
+        P, n = self.prompt_len, ids.numel()
+        self.x[row] = spec.pad_id
+        self.x[row, P - n:P] = ids.to(self.x.device)
+        self.x[row, P:] = spec.mask_id
+        self.state[row, :P] = states.PROMPT
+        self.state[row, P:] = states.ACTIVE
+        self.attention_mask[row, :P - n] = False
+        self.attention_mask[row, P - n:] = True
+
+    def release(self, row, spec: ModelSpec) -> None:
+        """Empty ``row`` (an index or a slice): padding, every position a prompt's, nothing masked out."""
+        self.state[row] = states.PROMPT
+        self.x[row] = spec.pad_id
+        self.attention_mask[row] = True
+
 
 def _as_batch(input_ids, attention_mask, pad_id: int):
     """Accept a [B, P] tensor (+ optional mask) or a list of 1-D sequences, which are left-padded."""

@@ -104,11 +104,12 @@ def generate_compiled(model, input_ids, settings: DecodeSettings, *, attention_m
     while engine.step():
         pass
     seconds = clock.seconds()
-    canvas.x = engine.x[:, bucket - P:].clone()
-    steps = engine.steps.tolist()
-    log = engine.commit_log.tolist()
+    runner = engine.runner
+    canvas.x = runner.canvas.x[:, bucket - P:].clone()
+    steps = runner.counters.steps.tolist()
+    log = runner.commit_log.tolist()
     stats = run_stats(engine.context, canvas.x[:, P:], [row[:n] for row, n in zip(log, steps)],
-                      engine.forwards - forwards, seconds, None if engine.kv is None else engine.kv.refreshes)
+                      engine.forwards - forwards, seconds, None if runner.kv is None else runner.kv.refreshes)
     return canvas.x, stats
 
 

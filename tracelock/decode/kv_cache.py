@@ -125,9 +125,34 @@ class DecodeKVCache:
 
     # ---- the verbs, on batch rows ``rows`` ([b] indices, or a slice) ---------------------------------------------
 
-    def need(self, rows, lo):
-        """[b] the rows that refresh at this step, whose commit regions start at ``lo`` [b] (`needs_refresh`)."""
-        return needs_refresh(self.since[rows], self.pointer[rows], lo, self.refresh_shift, self.refresh_every)
+    def reset(self, rows) -> None:
+        """A new prompt in ``rows``: never refreshed (its first step refreshes)."""
+        self.pointer[rows] = self.since[rows] = self.refreshes[rows] = 0
+
+    def plan(self, rows, lo, live=None) -> tuple:
+        """([b] rows that refresh at this step, [b] rows that take a cached step) of ``rows`` whose commit regions
+        start at ``lo`` [b] (`needs_refresh`); with ``live`` [b] only among those."""
+        need = needs_refresh(self.since[rows], self.pointer[rows], lo, self.refresh_shift, self.refresh_every)
+        return (need, ~need) if live is None else (need & live, ~need & live)
+
+    def refresh(self, forward, rows, positions, tap_positions, target) -> tuple:
+        """A refresh of ``rows``: their forward at ``positions`` (and taps at ``tap_positions``) storing every
+        position's keys/values (and taps) into rows ``target``; returns (head, taps)."""
+        head, taps, kv = forward(rows, positions, tap_positions, cache=CacheQuery(store=True))
+        self.store(target, kv, taps)
+        return head, taps
+
+    def cached_step(self, forward, rows, positions, start, end, *, T=None, width=None, valid=None) -> tuple:
+        """A cached step of ``rows``: their forward at ``positions``, recomputing what `recompute` gives from
+        ``start`` to ``end`` [b] (``T``, ``width`` as there) against their cache, whose fresh keys/values are written
+        in place; returns (head, the taps with the stored ones around the fresh). ``valid`` [b] (the engine's padded
+        row groups): the rows that are real; the others write their keys/values to the spare position."""
+        query, fresh = self.recompute(rows, start, end, T, width)
+        write = None if valid is None else torch.where(valid[:, None], query, self.canvas_len)
+        # the engine's positions lie in the query by construction: no host check of them then
+        cache = CacheQuery(self.rows_cache(rows), query, kv_positions=write, check_query=valid is None)
+        head, taps, _ = forward(rows, positions, fresh, cache=cache)
+        return head, None if taps is None else self.with_stored_taps(rows, fresh, taps, T)
 
     def store(self, target, kv: KVCache, taps) -> None:
         """A refresh: every position's keys/values (and taps, when the policy reads them) of the forward's rows go
@@ -191,21 +216,17 @@ class DecodeKVCache:
         ``forward(rows, positions, tap_positions, cache=None)`` is `tracelock.decode.step.forward_rows` bound to the
         model and canvas: it returns (head, taps, kv_cache) of the rows it is given.
         """
-        need = self.need(rows, lo)
+        need, cached = self.plan(rows, lo)
         parts = []
-        refresh, cached = need.nonzero().flatten(), (~need).nonzero().flatten()
+        refresh, cached = need.nonzero().flatten(), cached.nonzero().flatten()
         if refresh.numel():
             every = (torch.arange(self.canvas_len, device=rows.device).expand(len(refresh), -1)
                      if self.taps is not None else None)
-            head, taps, kv = forward(rows[refresh], positions[refresh], every, cache=CacheQuery(store=True))
-            self.store(rows[refresh], kv, taps)
+            head, taps = self.refresh(forward, rows[refresh], positions[refresh], every, rows[refresh])
             parts.append((refresh, head, None if taps is None else tuple(t[:, :T] for t in taps)))
         if cached.numel():
             g = rows[cached]
-            query, fresh = self.recompute(g, self.pointer[g], hi[cached], T)
-            head, taps, _ = forward(g, positions[cached], fresh, cache=CacheQuery(self.rows_cache(g), query))
-            if taps is not None:
-                taps = self.with_stored_taps(g, fresh, taps, T)
+            head, taps = self.cached_step(forward, g, positions[cached], self.pointer[g], hi[cached], T=T)
             parts.append((cached, head, taps))
         self.advance(rows, need, lo, 1)
         self.split_steps += len(parts) - 1

@@ -81,6 +81,12 @@ class Schedule:
         self._leave_finished_blocks(state, c, torch.ones(B, dtype=torch.bool, device=state.device))
         return c
 
+    def admit(self, c: RowCounters, row: int) -> None:
+        """Restart ``row``'s counters for a new prompt (an engine's slot): the first block, or the whole generation,
+        every position of it active (LLaDA's M)."""
+        c.block_idx[row] = c.region_step[row] = c.steps[row] = 0
+        c.region_initial[row] = self.block if self.kind == "block" else self.gen_length
+
     def schedule_bounds(self, block_idx: torch.Tensor):
         if self.kind == "block":
             lo = self.prompt_len + block_idx * self.block

@@ -6,17 +6,8 @@ from tracelock.ops.checks import check_tensor
 from tracelock.ops.chooser import call, pick
 
 
-def apply_commits(
-    x: torch.Tensor,
-    state: torch.Tensor,
-    proposal: torch.Tensor,
-    commit: torch.Tensor,
-    end_ids: torch.Tensor,
-    fill_id: int,
-    stop_at_eot: bool,
-    *,
-    impl: str | None = None,
-) -> torch.Tensor:
+def apply_commits(x: torch.Tensor, state: torch.Tensor, proposal: torch.Tensor, commit: torch.Tensor,
+                  end_ids: torch.Tensor, fill_id: int, stop_at_eot: bool, *, impl: str | None = None) -> torch.Tensor:
     """Apply one decode step's commits to the canvas, in place (spec: ``tracelock.kernels.ref.apply_commits_ref``).
 
     Committed ACTIVE positions take their proposal and become LOCKED, or EOT for an end token; with

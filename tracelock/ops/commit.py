@@ -42,25 +42,10 @@ def _check_commit_step_args(score, tau, active, proposal, positions, x, state, e
         raise TypeError(f"fill_id must be an int token id, got {fill_id!r}")
 
 
-def commit_step(
-    score: torch.Tensor,
-    tau: torch.Tensor,
-    active: torch.Tensor,
-    proposal: torch.Tensor,
-    positions: torch.Tensor,
-    x: torch.Tensor,
-    state: torch.Tensor,
-    end_ids: torch.Tensor,
-    theta: float,
-    cap: int = 0,
-    *,
-    fallback_score: torch.Tensor | None = None,
-    held: torch.Tensor | None = None,
-    inclusive: bool = False,
-    fill_id: int = 0,
-    stop_at_eot: bool = False,
-    impl: str | None = None,
-) -> tuple:
+def commit_step(score: torch.Tensor, tau: torch.Tensor, active: torch.Tensor, proposal: torch.Tensor,
+                positions: torch.Tensor, x: torch.Tensor, state: torch.Tensor, end_ids: torch.Tensor, theta: float,
+                cap: int = 0, *, fallback_score: torch.Tensor | None = None, held: torch.Tensor | None = None,
+                inclusive: bool = False, fill_id: int = 0, stop_at_eot: bool = False, impl: str | None = None) -> tuple:
     """The commit rule of one step over the window's slots, in place on the canvas (spec: ``commit_step_ref``, its
     selection ``commit_select_ref``).
 
