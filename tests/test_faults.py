@@ -33,7 +33,7 @@ PATHS = ("out", "mix_cache")
 # the whole recipe at its smallest, on the bundled model (a random checkpoint's traces are all filtered out)
 FIT = ["--model", "testbed", "--prompts", "testbed:math", "--limit", "6", "--round-limit", "3", "--val-limit", "3",
        "--steps", "4", "--round-steps", "2", "--rounds", "1", "--base", "frechet:delta=0,0.9:hold_end=true", "--veto",
-       "0,0.5", "--accept", "1", "--batch-size", "6"]
+       "0,0.5", "--accept", "1", "--batch-size", "6", "--gen-length", "16", "--block", "8"]
 TESTBED = ["--steps", "4", "--ar-steps", "2", "--batch-size", "4", "--d-model", "32", "--n-layers", "4",
            "--n-heads", "2", "--mlp", "64", "--vocab-size", "400", "--tokenizer-corpus", "300", "--save-every", "2",
            "--threads", "1"]

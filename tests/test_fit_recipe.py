@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = ["--model", "testbed", "--prompts", "testbed:math", "--limit", "6", "--round-limit", "3", "--val-limit", "3",
         "--steps", "4", "--round-steps", "2", "--rounds", "1", "--base", "frechet:delta=0,0.9:hold_end=true",
-        "--accept", "1,0.9", "--veto", "0,0.5", "--batch-size", "6"]
+        "--accept", "1,0.9", "--veto", "0,0.5", "--batch-size", "6", "--gen-length", "16", "--block", "8"]
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tracelock.atomic import atomic_write_json, folder_lock
+from tracelock.integrity import read_json
 
 __all__ = ["FitConfig", "fit"]
 
@@ -121,9 +122,8 @@ class _Stages:
         self.path, self.say, self.rank = Path(config.out) / "fit.json", say, rank
         self.record = dict(config=asdict(config), stages={})
         if self.path.is_file():
-            import json
-
-            self.record["stages"] = json.loads(self.path.read_text()).get("stages", {})
+            fix = f"delete {self.path} to run every stage again (each stage's own files resume it)"
+            self.record["stages"] = read_json(self.path, fix=fix).get("stages", {})
         self.total = None
 
     def run(self, name: str, what: str, work, weight: float):
@@ -339,8 +339,13 @@ def _deploy(out: Path, choice: dict, name: str, args: dict, knob: str) -> None:
                     ignore=shutil.ignore_patterns("state*", "*.tmp*", "lock*"))
     atomic_write_json(staging / GATE_FILE, dict(base=name, base_args=args, accept=choice["accept"],
                                                 veto=choice["veto"], knob=f"base_{knob}"))
-    shutil.rmtree(final, ignore_errors=True)
+    # the old controller moves aside before the new one takes its name, so a crash leaves one of them whole
+    old = out / "controller.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
     staging.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _numbers(option: str, low: float, high: float):

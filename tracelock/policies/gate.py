@@ -61,16 +61,18 @@ def _base_policy(base, base_args: dict) -> Policy:
 def chosen_gate(controller) -> dict:
     """The gate a `tracelock fit` run chose for this controller (its folder's ``gate.json``: base, base_args, accept,
     veto), {} for any other controller."""
-    import json
     from pathlib import Path
 
+    from tracelock.integrity import read_json
     from tracelock.models.loading import resolve_controller
 
     if not isinstance(controller, str | Path):
         return {}
     folder = Path(resolve_controller(controller))
     path = (folder if folder.is_dir() else folder.parent) / GATE_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    return read_json(path, fix="rerun `tracelock fit`, or delete it to use the controller without its gate")
 
 
 def _unit(name: str, value, *, closed_low: bool, closed_high: bool, off) -> float:
