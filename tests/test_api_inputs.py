@@ -161,3 +161,26 @@ def test_cuda_without_cuda_names_the_device_and_the_fix():
     with pytest.raises(ValueError, match=r"device='cuda' but this torch \(.*\) (is a CPU-only build|finds no usable "
                                          r"GPU); use device='cpu'"):
         tracelock.load_model("testbed", device="cuda")
+
+
+def test_one_function_resolves_a_named_policy():
+    """`resolve_policy` is the one reading of a named policy (the decode's, the commands' and the server's checks,
+    `make_policy`): the same words wherever a policy is named, per_step as steps, set up on request."""
+    from tracelock.policies import make_policy, resolve_policy
+
+    policy = resolve_policy("confidence", {"per_step": 2}, gen_length=64, num_regions=4)
+    assert policy.steps == 32 and policy.steps_per_region() == 8
+    assert resolve_policy(policy) is policy
+    with pytest.raises(TypeError, match=r"pass the name instead"):
+        resolve_policy(policy, {"steps": 4})
+    for build in (lambda: make_policy("threshold", taux=0.9), lambda: resolve_policy("threshold", {"taux": 0.9})):
+        with pytest.raises(TypeError, match=r"^policy 'threshold' takes no argument taux; .*did you mean 'tau'\?"):
+            build()
+    with pytest.raises(ValueError, match=r"^policy 'confidence': steps=10 is not a multiple of num_regions=4"):
+        resolve_policy("confidence", {"steps": 10}, gen_length=32, num_regions=4)
+    with pytest.raises(TypeError, match=r"^policy 'confidence': per_step \(tokens per step\) needs the generation"):
+        make_policy("confidence", per_step=2)
+    # before the files and the model are at hand: a learned policy's arguments are checked, it is not built
+    assert resolve_policy("tracelock", {"theta": 0.5}, load=False) is None
+    with pytest.raises(TypeError, match=r"^policy 'tracelock' takes no argument thetta; .*did you mean 'theta'\?"):
+        resolve_policy("tracelock", {"thetta": 0.5}, load=False)

@@ -1,77 +1,20 @@
 """What the public decoding entry points (`fused_generate`, `reference_generate`, and `generate_many` through them)
-do before they decode (`entry_settings`): their `DecodeSettings`, built and checked once, and the checks it cannot
-make, with the command line's care: a named policy and its arguments (the CLI's spec spelling pointed at
-``policy_args``, "did you mean" for a name or an argument, every value error prefixed with its policy), and the
-thread rule the CLI applies (`tracelock.cli_threads.threads_for_load`), said once on stderr."""
+do before they decode (`entry_settings`): their `DecodeSettings`, built and checked once, the prompts' checks, and the
+thread rule the CLI applies (`tracelock.cli_threads.threads_for_load`), said once on stderr. A named policy and its
+arguments are resolved where the decode builds it (`tracelock.decode.context.start_run`, by
+`tracelock.policies.resolve_policy`, the one reading of a policy the commands check theirs with too): the CLI's spec
+spelling pointed at ``policy_args``, "did you mean" for a name or an argument, every error prefixed with its policy."""
 
-import inspect
 import os
 import sys
-from dataclasses import replace
 
 import torch
 
 from tracelock.checks import check_decode_inputs
-from tracelock.cli_parser import safe_echo
 from tracelock.cli_threads import physical_cores, threads_for_load
 from tracelock.decode.settings import settings_from
-from tracelock.policies import POLICIES, make_policy, policy_args_for
-from tracelock.text import did_you_mean
 
-__all__ = ["entry_settings", "check_named_policy", "apply_thread_rule"]
-
-# arguments whose check reads files or needs the model: a policy that takes one is checked when it is built
-_LOADED = ("model", "controller", "filters", "encoder")
-
-
-def _spec_args(text: str) -> dict:
-    import json
-
-    args = {}
-    for pair in text.split(":")[1:]:
-        key, _, value = pair.partition("=")
-        try:
-            args[key] = json.loads(value)
-        except json.JSONDecodeError:
-            args[key] = value
-    return args
-
-
-def check_named_policy(policy, policy_args) -> None:
-    """A policy given by name: known (else the name meant, or for the command line's ``"threshold:tau=0.9"`` the
-    ``policy_args`` spelling of it), every argument one it takes (else the one meant), and the values its constructor
-    checks, each error prefixed with the policy (``policy 'threshold': tau=1.5 must lie in (0, 1]``). A policy object
-    passes through."""
-    if not isinstance(policy, str):
-        return
-    if policy not in POLICIES:
-        name = policy.split(":")[0].strip()
-        if (":" in policy or "=" in policy) and name in POLICIES:
-            args = {**_spec_args(policy), **(policy_args or {})}
-            raise ValueError(f"policy={safe_echo(repr(policy))} is the command line's spec; in Python pass the name "
-                             f"and its arguments apart: policy={name!r}, policy_args={args!r}")
-        raise ValueError(f"unknown policy {safe_echo(repr(policy))}; known policies: {', '.join(sorted(POLICIES))}"
-                         f"{did_you_mean(name, POLICIES)}")
-    signature = inspect.signature(POLICIES[policy].__init__).parameters
-    params = [n for n, p in signature.items() if n not in ("self", "model") and p.kind is not p.VAR_KEYWORD]
-    # a policy with **kwargs (the gate's base_<name> arguments) checks those itself, when it is built
-    open_ended = any(p.kind is p.VAR_KEYWORD for p in signature.values())
-    args = dict(policy_args or {})
-    takes = params + (["per_step"] if "steps" in params else [])
-    for key in args:
-        if key not in takes and key != "model" and not open_ended:  # (make_policy's words, with the argument meant)
-            raise TypeError(f"policy {policy!r} takes no argument {safe_echo(key)}; its arguments are: "
-                            f"{', '.join(takes) or '(none)'}{did_you_mean(key, takes)}")
-    if set(params) & set(_LOADED) or "model" in inspect.signature(POLICIES[policy].__init__).parameters:
-        return
-    try:
-        make_policy(policy, **{k: v for k, v in args.items() if k != "per_step"})
-    except (ValueError, TypeError) as err:
-        message = str(err)
-        if message.startswith(("policy ", "make_policy")):
-            raise
-        raise type(err)(f"policy {policy!r}: {message}") from None
-
+__all__ = ["entry_settings", "apply_thread_rule"]
 
 _threads_checked = False
 
@@ -104,12 +47,11 @@ def apply_thread_rule() -> str | None:
 
 def entry_settings(model, input_ids, settings, fields: dict, caller: str):
     """What the entry points do before decoding: the run's `DecodeSettings` (``settings`` and the keyword
-    ``fields``, checked once as it is built), the prompts' checks (`tracelock.checks.check_decode_inputs`), the named
-    policy's (which `DecodeSettings` cannot make: it sits below the policies), the thread rule, and a learned
-    policy's arguments completed for ``model`` (`tracelock.policies.policy_args_for`)."""
+    ``fields``, checked once as it is built), the prompts' checks (`tracelock.checks.check_decode_inputs`) and the
+    thread rule. The named policy is resolved, and checked, once, where the decode builds it
+    (`tracelock.policies.resolve_policy` in `tracelock.decode.context.start_run`): the settings keep its name and
+    arguments as given, so a compiled engine is found again by them."""
     settings = settings_from(settings, fields, caller)
     check_decode_inputs(model, input_ids)
-    check_named_policy(settings.policy, settings.policy_args)
     apply_thread_rule()
-    return replace(settings, policy_args=policy_args_for(model, settings.policy, settings.policy_args,
-                                                         settings.gen_length))
+    return settings

@@ -6,13 +6,12 @@ import sys
 import torch
 
 from tracelock import ops
-from tracelock.api import check_named_policy
 from tracelock.decode.schedule import validate_schedule
 from tracelock.decode.settings import DecodeSettings
 from tracelock.generate import fused_generate
 from tracelock.models import load_model, load_tokenizer
 from tracelock.models.loading import resolve_path
-from tracelock.policies import POLICIES, check_policy, make_policy, policy_args_for
+from tracelock.policies import POLICIES, resolve_policy
 from tracelock.policy_specs import policy_and_args
 from tracelock.progress import progress_bar
 from tracelock.text import answer_ids, encode_prompt, read_prompt_rows
@@ -35,9 +34,10 @@ def check_arguments(args) -> tuple[str, dict]:
     except ValueError as err:  # its message speaks fused_generate's keywords
         raise ValueError(str(err).replace("gen_length=", "--gen-length ").replace("block=", "--block ")
                          .replace("window=", "--window ")) from None
-    check_named_policy(policy, policy_args)  # a value error says its policy, as every policy error does
-    check_policy(policy, policy_args, gen_length=args.gen_length,
-                 num_regions=args.gen_length // args.block if args.block else 1)
+    # built and set up without the model (a learned one reads its controller or filters here): every error says
+    # its policy
+    resolve_policy(policy, policy_args, gen_length=args.gen_length,
+                   num_regions=args.gen_length // args.block if args.block else 1)
     if getattr(POLICIES.get(policy), "reads_vocab", False):  # `check_memory_rule`, in the command line's words
         if args.window:
             raise ValueError(f"--policy {policy} keeps a memory per slot of a block, which a sliding window moves: "
@@ -67,7 +67,7 @@ def run_generate(args) -> int:
                     quantize=args.quantize, cache=args.cache, refresh_every=args.refresh_every,
                     refresh_shift=args.refresh_shift)
     # built once (a learned policy reads its controller or filters from disk here), not per batch
-    built = make_policy(policy, **policy_args_for(model, policy, policy_args, args.gen_length))
+    built = resolve_policy(policy, policy_args, gen_length=args.gen_length, model=model)
     decode = DecodeSettings(policy=built, gen_length=args.gen_length, block=args.block, window=args.window,
                             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             cfg_scale=args.cfg_scale, stop_at_eot=args.stop_at_eot,

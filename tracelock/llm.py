@@ -94,9 +94,10 @@ class SamplingParams:
                 _positive_int(name, getattr(self, name))
         if self.block is not None and self.window is not None:
             raise ValueError("SamplingParams: pass block= (semi-AR blocks) or window= (a sliding window), not both")
-        from tracelock.api import check_named_policy
+        from tracelock.policies import resolve_policy
 
-        check_named_policy(self.policy, self.policy_args)
+        # the name, arguments and values, as the decode reads them; a learned policy is built when it decodes
+        resolve_policy(self.policy, self.policy_args, gen_length=self.gen_length, load=False)
 
     @property
     def width(self) -> int:

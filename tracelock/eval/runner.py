@@ -163,11 +163,10 @@ def _decode_chunk(model, policy, prompts, gen_length, sched, seed, metas, contro
     return traces_rec.traces(canvas, metas), stats.seconds / len(prompts)
 
 
-def _policy_kwargs(policy: PolicySpec, model, controller, l2p, gen_length) -> dict:
-    """The keyword arguments of `make_policy` for a spec (``per_step`` as ``steps`` when ``gen_length`` is known)."""
-    from tracelock.policies import with_steps
-
-    args = policy.policy_args if gen_length is None else with_steps(policy.name, policy.policy_args, gen_length)
+def _policy_kwargs(policy: PolicySpec, model, controller, l2p) -> dict:
+    """The policy's arguments as a spec gives them, with TraceLock's controller and Learn2PD's filters (the command's
+    --controller / --l2p) and the model they are checked against."""
+    args = policy.policy_args
     if policy.name == "tracelock":
         return {"controller": controller, "model": model, **args}
     if policy.name in ("l2p", "l2p-hidden"):
@@ -176,19 +175,19 @@ def _policy_kwargs(policy: PolicySpec, model, controller, l2p, gen_length) -> di
 
 
 def build_policy(policy: PolicySpec, model, *, controller=None, l2p=None, gen_length=None):
-    """The `Policy` object of a spec; TraceLock's controller and Learn2PD's filters (one per block size) are read
-    from their folders once, here."""
-    from tracelock.policies import make_policy
+    """The `Policy` object of a spec (`tracelock.policies.resolve_policy`; ``per_step`` as ``steps`` when
+    ``gen_length`` is known); TraceLock's controller and Learn2PD's filters (one per block size) are read from their
+    folders once, here."""
+    from tracelock.policies import resolve_policy
 
-    return make_policy(policy.name, **_policy_kwargs(policy, model, controller, l2p, gen_length))
+    return resolve_policy(policy.name, _policy_kwargs(policy, model, controller, l2p), gen_length=gen_length)
 
 
 def check_policies(policies: list, settings: list, schedule: str, *, controller=None, l2p=None) -> None:
     """Build and set up every policy at every setting without the model: a bad name, argument or value (``tau=2``,
     ``steps`` that do not split into the blocks) fails before a model loads or a point decodes, with the token that
     holds it named."""
-    from tracelock.api import check_named_policy
-    from tracelock.policies import POLICIES, make_policy
+    from tracelock.policies import POLICIES, resolve_policy
 
     for setting in settings:
         for policy in policies:
@@ -204,15 +203,11 @@ def check_policies(policies: list, settings: list, schedule: str, *, controller=
                     raise ValueError(f"policy {policy.name!r} keeps a memory per slot of a block, which a sliding "
                                      "window moves: decode it in blocks (schedule=block in its spec, or --schedule "
                                      "block / auto), not in a window")
-                kwargs = _policy_kwargs(policy, None, controller, l2p, setting.gen_length)
-                try:
-                    built = make_policy(policy.name, **kwargs)
-                except TypeError:
-                    check_named_policy(policy.name, kwargs)  # an unknown argument: which was meant
-                    raise
-                built.setup(gen_length=setting.gen_length, num_regions=regions)
-            except (ValueError, TypeError) as err:
-                raise type(err)(f"{policy.label} at {setting.label}: {err}") from None
+                resolve_policy(policy.name, _policy_kwargs(policy, None, controller, l2p),
+                               gen_length=setting.gen_length, num_regions=regions)
+            except (ValueError, TypeError) as err:  # the label names the policy
+                message = str(err).removeprefix(f"policy {policy.name!r}: ")
+                raise type(err)(f"{policy.label} at {setting.label}: {message}") from None
 
 
 def _decode_policy(model, tokenizer, task, items, policy, setting, folder, *, rank, batch_size, seed, schedule,

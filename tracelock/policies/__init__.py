@@ -7,11 +7,13 @@ Examples::
 
     policy = make_policy("threshold", tau=0.9)
     policy.setup(gen_length=256, num_regions=8)
+    policy = resolve_policy("confidence", {"per_step": 2}, gen_length=256, num_regions=8)  # built and set up
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 
 from .base import Policy, StepInput
 from .credit import CreditPolicy
@@ -28,7 +30,7 @@ from .llada import ConfidencePolicy, RandomPolicy, TopKPolicy
 from .pc_sampler import PCSamplerPolicy
 from .tracelock import TraceLockPolicy
 
-__all__ = ["POLICIES", "Policy", "StepInput", "check_policy", "make_policy", "policy_args_for", "with_steps"]
+__all__ = ["POLICIES", "Policy", "StepInput", "make_policy", "resolve_policy", "with_steps"]
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
@@ -58,7 +60,8 @@ POLICIES: dict[str, type[Policy]] = {
 
 
 def make_policy(spec: str | Policy, **kwargs) -> Policy:
-    """Build a policy from its registry name and keyword arguments, or pass an instance through.
+    """Build a policy from its registry name and keyword arguments, or pass an instance through
+    (`resolve_policy`'s checks and words).
 
     Args:
         spec (str | Policy): a name in :data:`POLICIES` or a ready :class:`Policy`.
@@ -74,34 +77,136 @@ def make_policy(spec: str | Policy, **kwargs) -> Policy:
                 "pass the name instead (make_policy(name, **kwargs)) or configure the instance"
             )
         return spec
-    if not isinstance(spec, str) or spec not in POLICIES:
-        raise ValueError(f"unknown policy {spec!r}; known policies: {', '.join(sorted(POLICIES))}")
-    cls = POLICIES[spec]
-    params = {n: p for n, p in inspect.signature(cls.__init__).parameters.items() if n != "self"}
-    # a policy with **kwargs (the gate's base_<name> arguments) checks those itself
-    open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    params = {n: p for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
-    unknown = [] if open_ended else sorted(set(kwargs) - set(params))
-    if unknown == ["per_step"] and "steps" in params:
-        raise TypeError(f"policy {spec!r}: per_step (tokens per step) needs the generation length; pass it to "
-                        f"fused_generate (policy_args={{'per_step': {kwargs['per_step']!r}}}), or steps=gen_length // "
-                        "per_step here")
-    if unknown:
-        also = "; per_step (tokens per step) stands for steps" if "steps" in params else ""
-        raise TypeError(
-            f"policy {spec!r} takes no argument {', '.join(unknown)}; "
-            f"its arguments are: {', '.join(params) or '(none)'}{also}"
-        )
-    missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty and n not in kwargs]
-    if missing:
-        what = ", ".join(f"{n} ({_REQUIRED_HINTS[n]})" if n in _REQUIRED_HINTS else n for n in missing)
-        example = ", ".join(f"{n!r}: ..." for n in missing)
-        raise TypeError(f"policy {spec!r} needs {what}: pass policy_args={{{example}}} "
-                        f"(on the command line: {spec}:{missing[0]}=...)")
-    for name, value in kwargs.items():
-        if name in params:
-            _check_kind(spec, name, value, params[name])
-    return cls(**kwargs)
+    return resolve_policy(spec, kwargs)
+
+
+# arguments whose value is read from disk or is the model: a check made before they are at hand (`load=False`)
+# stops short of building a policy that takes one
+_LOADED = ("model", "controller", "filters", "encoder")
+
+
+def resolve_policy(policy, policy_args=None, *, gen_length: int | None = None, num_regions: int | None = None,
+                   model=None, load: bool = True) -> Policy | None:
+    """The one reading of a policy given by name and arguments, for every caller (`fused_generate` through
+    `tracelock.decode.context.start_run`, the commands' checks before the model loads, the server's, `make_policy`):
+    the name known (else the name meant, or for the command line's ``"threshold:tau=0.9"`` the ``policy_args``
+    spelling of it), every argument one it takes (else the one meant), the required ones present, ``per_step=k`` as
+    ``steps=gen_length // k`` (`with_steps`), each value of the kind its signature declares, then the policy built,
+    so its constructor checks the values. Every error is one line that names the policy (``policy 'threshold':
+    tau=1.5 must lie in (0, 1]``).
+
+    Args:
+        policy (str | Policy): a name in :data:`POLICIES`, or a ready policy (passed through; no arguments then).
+        policy_args (dict, optional): the named policy's arguments.
+        gen_length (int, optional): the generation length, for ``per_step``.
+        num_regions (int, optional): given, the policy is also set up (``setup(gen_length=, num_regions=)``), so
+            ``steps`` that do not split into the blocks fail here too.
+        model (optional): the backbone, passed as ``model=`` to a policy that takes it (TraceLock, Learn2PD, the
+            gate), so a controller or filter made for another backbone is refused when it loads.
+        load (bool): False for a check before the files and the model are at hand (`tracelock.SamplingParams`, the
+            server's options): a policy that takes one of them (model, controller, filters, encoder) is checked up to
+            building it, and None is returned. Default: True.
+
+    Returns:
+        Policy | None: the built policy (set up with ``num_regions``), or None (``load=False``, a learned policy).
+    """
+    if policy_args is not None and not isinstance(policy_args, Mapping):
+        raise TypeError(f"policy_args must be a dict of the policy's keyword arguments, e.g. {{'tau': 0.9}}, got "
+                        f"{type(policy_args).__name__} {policy_args!r}")
+    if isinstance(policy, Policy):
+        if policy_args:
+            raise TypeError(f"policy is a {type(policy).__name__} instance and policy_args {sorted(policy_args)} were "
+                            f"given too; pass the name instead (policy={policy.name!r}, policy_args=...) or "
+                            "configure the instance")
+        built = policy
+    else:
+        name = _known_name(policy, policy_args)
+        args = _checked_args(name, dict(policy_args or {}), gen_length)
+        cls = POLICIES[name]
+        params = _params(cls)
+        if not load and set(params) & set(_LOADED):
+            return None
+        if model is not None and "model" in params and "model" not in args:
+            args["model"] = model
+        missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty and n not in args]
+        if missing:
+            what = ", ".join(f"{n} ({_REQUIRED_HINTS[n]})" if n in _REQUIRED_HINTS else n for n in missing)
+            example = ", ".join(f"{n!r}: ..." for n in missing)
+            raise TypeError(f"policy {name!r} needs {what}: pass policy_args={{{example}}} "
+                            f"(on the command line: {name}:{missing[0]}=...)")
+        built = _named_errors(name, lambda: cls(**args))
+    if num_regions is not None:
+        _named_errors(built.name, lambda: built.setup(gen_length=gen_length, num_regions=num_regions))
+    return built
+
+
+def _known_name(policy, policy_args) -> str:
+    """``policy`` when it is a registry name; else the error that says which name was meant."""
+    from tracelock.cli_parser import safe_echo
+    from tracelock.text import did_you_mean
+
+    if isinstance(policy, str) and policy in POLICIES:
+        return policy
+    name = policy.split(":")[0].strip() if isinstance(policy, str) else repr(policy)
+    if isinstance(policy, str) and (":" in policy or "=" in policy) and name in POLICIES:
+        from tracelock.policy_specs import parse_policy_spec
+
+        try:
+            spelled = repr({**parse_policy_spec(policy, option="policy=")[1], **(policy_args or {})})
+        except ValueError:  # not key=value pairs: the shape of the fix
+            spelled = "{'key': value, ...}"
+        raise ValueError(f"policy={safe_echo(repr(policy))} is the command line's spec; in Python pass the name "
+                         f"and its arguments apart: policy={name!r}, policy_args={safe_echo(spelled)}")
+    raise ValueError(f"unknown policy {safe_echo(repr(policy))}; known policies: {', '.join(sorted(POLICIES))}"
+                     f"{did_you_mean(name, POLICIES)}")
+
+
+def _params(cls) -> dict:
+    """A policy's named arguments (its ``**kwargs``, the gate's ``base_<name>``, left out)."""
+    return {n: p for n, p in inspect.signature(cls.__init__).parameters.items()
+            if n != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD}
+
+
+def _checked_args(name: str, args: dict, gen_length) -> dict:
+    """``args`` of policy ``name`` checked by name (else the one meant) and kind, ``per_step`` as ``steps``."""
+    from tracelock.cli_parser import safe_echo
+    from tracelock.text import did_you_mean
+
+    cls = POLICIES[name]
+    params = _params(cls)
+    # a policy with **kwargs (the gate's base_<name> arguments) checks those itself, when it is built
+    open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD
+                     for p in inspect.signature(cls.__init__).parameters.values())
+    takes = [n for n in params if n != "model"] + (["per_step"] if "steps" in params else [])
+    for key in args:
+        if key not in takes and key not in params and not open_ended:
+            raise TypeError(f"policy {name!r} takes no argument {safe_echo(key)}; its arguments are: "
+                            f"{', '.join(takes) or '(none)'}{did_you_mean(key, takes)}")
+    if "per_step" in args and "steps" in params:
+        if gen_length is None:
+            raise TypeError(f"policy {name!r}: per_step (tokens per step) needs the generation length; pass it to "
+                            f"fused_generate (policy_args={{'per_step': {args['per_step']!r}}}), or "
+                            "steps=gen_length // per_step here")
+        args = with_steps(name, args, gen_length)
+    for key, value in args.items():
+        if key in params:
+            _check_kind(name, key, value, params[key])
+    return args
+
+
+def _named_errors(name: str, build):
+    """``build()``, its value errors said as the policy's (``policy 'klass': tau=2 must lie in (0, 1]``)."""
+    try:
+        return build()
+    except (ValueError, TypeError) as err:
+        message = str(err)
+        if message.startswith("policy ") or "policy '" in message:  # it names its policy (the gate's base's)
+            raise
+        try:
+            named = type(err)(f"policy {name!r}: {message}")
+        except Exception:  # an error type built otherwise: its own words
+            raise err from None
+        raise named from None
 
 
 def with_steps(spec, args: dict | None, gen_length: int) -> dict | None:
@@ -111,7 +216,7 @@ def with_steps(spec, args: dict | None, gen_length: int) -> dict | None:
     if not isinstance(args, dict) or "per_step" not in args or not isinstance(spec, str) or spec not in POLICIES:
         return args
     if "steps" not in inspect.signature(POLICIES[spec].__init__).parameters:
-        return args  # make_policy names the policy's real arguments
+        return args  # resolve_policy names the policy's real arguments
     per_step = args["per_step"]
     if "steps" in args:
         raise ValueError(f"policy {spec!r}: give steps={args['steps']!r} or per_step={per_step!r}, not both "
@@ -124,14 +229,6 @@ def with_steps(spec, args: dict | None, gen_length: int) -> dict | None:
     out = {k: v for k, v in args.items() if k != "per_step"}
     out["steps"] = gen_length // per_step
     return out
-
-
-def check_policy(spec: str, args: dict | None, *, gen_length: int, num_regions: int = 1) -> None:
-    """Build and set up a named policy without a model, so a bad name, argument or value fails before any model
-    loads or any decoding starts (the commands call it first). A learned policy reads its controller or filters
-    from disk here; whether they fit the backbone is checked when the model is there."""
-    policy = make_policy(spec, **(with_steps(spec, args, gen_length) or {}))
-    policy.setup(gen_length=gen_length, num_regions=num_regions)
 
 
 # what a required policy argument is, for the error that asks for it
@@ -157,16 +254,3 @@ def _check_kind(policy: str, name: str, value, param: inspect.Parameter) -> None
         raise TypeError(f"policy {policy!r}: {name}={value!r} is not {what}; pass {what}{default}")
     if kinds == {"int"} and not isinstance(value, int):
         raise TypeError(f"policy {policy!r}: {name}={value!r} is not an int; pass a whole number{default}")
-
-
-def policy_args_for(model, policy, policy_args, gen_length=None) -> dict:
-    """The keyword arguments a named policy is built with: ``policy_args`` (``per_step=k`` as ``steps=gen_length //
-    k``), plus the backbone for a learned policy that takes ``model=`` (TraceLock, Learn2PD), so a controller or
-    filter made for another backbone is refused when it loads rather than decoding silently with the wrong one."""
-    args = dict(policy_args or {})
-    if isinstance(gen_length, int) and not isinstance(gen_length, bool) and gen_length > 0:
-        args = with_steps(policy, args, gen_length)
-    cls = POLICIES.get(policy) if isinstance(policy, str) else None
-    if cls is not None and "model" not in args and "model" in inspect.signature(cls.__init__).parameters:
-        args["model"] = model
-    return args

@@ -129,17 +129,15 @@ def _filter_reasons(items, traces, completions, end_ids, config: TraceFilterConf
 def check_decoding(policy: str, policy_args: dict | None, gen_length: int, block, window) -> None:
     """The schedule, the policy and its values at this setting, checked without the model (a bad spec failed only
     after the model had loaded); the messages speak the command line's options."""
-    from tracelock.api import check_named_policy
     from tracelock.decode.schedule import validate_schedule
-    from tracelock.policies import check_policy
+    from tracelock.policies import resolve_policy
 
     try:
         validate_schedule(gen_length, block, window)
     except ValueError as err:  # its message speaks fused_generate's keywords
         raise ValueError(str(err).replace("gen_length=", "--gen-length ").replace("block=", "--block ")
                          .replace("window=", "--window ")) from None
-    check_named_policy(policy, policy_args)
-    check_policy(policy, policy_args, gen_length=gen_length, num_regions=gen_length // block if block else 1)
+    resolve_policy(policy, policy_args, gen_length=gen_length, num_regions=gen_length // block if block else 1)
 
 
 def collect(model_path, prompts: str, out, *, num=None, gen_length=64, block=None, window=None,

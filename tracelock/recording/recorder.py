@@ -135,12 +135,10 @@ class Recording:
 
     def __init__(self, model, *, policy="confidence", gen_length=64, block=None, window=None, policy_args=None,
                  fraction=1.0, seed=0, keep_confidence=False, stop_at_eot=False):
-        from tracelock.api import check_named_policy
-        from tracelock.policies import make_policy, policy_args_for
+        from tracelock.policies import resolve_policy
 
-        check_named_policy(policy, policy_args)
+        built = resolve_policy(policy, policy_args, gen_length=gen_length, model=model)
         self.model, self.fraction, self.keep_confidence = model, fraction, keep_confidence
-        built = make_policy(policy, **policy_args_for(model, policy, policy_args, gen_length))
         self.settings = DecodeSettings(policy=built, gen_length=gen_length, block=block, window=window,
                                        stop_at_eot=stop_at_eot, seed=seed)
         # what each trace's meta says of its decode

@@ -118,13 +118,15 @@ def serve_config(args, max_positions: int):
 
 def check_rules(config, option: str = "--policies") -> None:
     """Every served policy's arguments, and the values of each that needs no model or files from disk (a learned one
-    is built once the model loads), as `fused_generate` checks them: a bad argument or value (``klass:tau=2``,
-    ``credit:alpah=0.5``) is one error line naming it, and the argument meant, before the model loads."""
-    from tracelock.api import check_named_policy
+    is built once the model loads, with --controller / --l2p), as `fused_generate` checks them
+    (`tracelock.policies.resolve_policy`): a bad argument or value (``klass:tau=2``, ``credit:alpah=0.5``) is one
+    error line naming it, and the argument meant, before the model loads."""
+    from tracelock.policies import resolve_policy
 
     for p in config.policies:
+        gen_length = config.gen_lengths[0] if config.gen_lengths else p.width  # one the server runs
         try:
-            check_named_policy(p.name, p.args)
+            resolve_policy(p.name, p.args, gen_length=gen_length, load=False)
         except (ValueError, TypeError) as err:
             raise ValueError(f"{option} {p.label}: {err}") from None
 

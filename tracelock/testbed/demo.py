@@ -49,13 +49,11 @@ def _demo_controller(args):
 def _check_rows(rows: list, *, gen_length: int, block, window) -> None:
     """The ``--policies`` rows' policies built and set up without the model, so a bad spec fails before any row
     decodes; a rule with a memory per slot (credit, klass, less) runs in blocks, not in a window."""
-    from tracelock.api import check_named_policy
-    from tracelock.policies import POLICIES, check_policy
+    from tracelock.policies import POLICIES, resolve_policy
 
     for label, name, args in rows:
         try:
-            check_named_policy(name, args)
-            check_policy(name, args, gen_length=gen_length, num_regions=gen_length // block if block else 1)
+            resolve_policy(name, args, gen_length=gen_length, num_regions=gen_length // block if block else 1)
         except (ValueError, TypeError) as err:
             raise ValueError(f"--policies {label}: {err}") from None
         if window and POLICIES[name].reads_vocab:
