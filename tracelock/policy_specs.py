@@ -94,7 +94,7 @@ def expand_policy_list(text: str, *, option: str = "--policies", names=None) -> 
 def parse_policy_spec(text: str, option: str = "--policy") -> tuple[str, dict]:
     """One spec ``name[:key=value[:key=value]]`` -> (name, {key: value}); values are JSON when they parse (0.9,
     true; ``none`` or ``null``: None), else strings (`spec_value`). The arguments are checked when the policy is
-    built (`tracelock.policies.make_policy`); a list (``threshold:tau=0.9,0.7``, ``confidence,threshold``) is refused
+    built (`tracelock.policies.resolve_policy`); a list (``threshold:tau=0.9,0.7``, ``confidence,threshold``) is refused
     here: a singular option takes one."""
     if not text.strip() or not text.strip().split(":")[0].strip():
         raise ValueError(f"{option} {text!r} names no policy; e.g. threshold:tau=0.9")
