@@ -56,7 +56,7 @@ def eager_reason(settings: DecodeSettings, observer) -> str | None:
     if settings.temperature > 0:
         return "sampling (temperature > 0) draws from a torch.Generator, which a compiled graph cannot take"
     if isinstance(policy, str):
-        # an unknown name runs on: the engine's make_policy says what the known ones are
+        # an unknown name runs on: the engine's resolve_policy says what the known ones are
         deterministic = policy not in POLICIES or POLICIES[policy].deterministic_with(**(settings.policy_args or {}))
     else:
         deterministic = policy.deterministic
