@@ -126,15 +126,24 @@ def _linear_rows_kernel(
                     if SILU_MUL:
                         b_u += tl.load(p_q + BLOCK_M * BLOCK_N, mask=m_mn, other=0.0, cache_modifier=".cg")
         if finish:
-            if HAS_BIAS:
-                b_g += tl.load(BIAS + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
-                if SILU_MUL:
-                    b_u += tl.load(BIAS + N + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
-            if SILU_MUL:
-                b_g = b_g / (1.0 + tl.exp(-b_g)) * b_u
-            if HAS_RES:
-                b_g += tl.load(RES + o_m[:, None] * stride_r + o_n[None, :], mask=m_mn, other=0.0).to(tl.float32)
-            tl.store(OUT + o_m[:, None] * N + o_n[None, :], b_g.to(OUT.dtype.element_ty), mask=m_mn)
+            _epilogue(b_g, b_u, BIAS, RES, OUT, o_m, o_n, m_mn, N, stride_r, HAS_BIAS, HAS_RES, SILU_MUL)
+
+
+@triton.jit
+def _epilogue(b_g, b_u, BIAS, RES, OUT, o_m, o_n, m_mn, N, stride_r,
+              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SILU_MUL: tl.constexpr):
+    """A finished tile's fp32 sums [BLOCK_M, BLOCK_N] (gate ``b_g``, up ``b_u``): bias, SiLU x mul, residual, one
+    rounding to the output's dtype."""
+    m_n = o_n < N
+    if HAS_BIAS:
+        b_g += tl.load(BIAS + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+        if SILU_MUL:
+            b_u += tl.load(BIAS + N + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+    if SILU_MUL:
+        b_g = b_g / (1.0 + tl.exp(-b_g)) * b_u
+    if HAS_RES:
+        b_g += tl.load(RES + o_m[:, None] * stride_r + o_n[None, :], mask=m_mn, other=0.0).to(tl.float32)
+    tl.store(OUT + o_m[:, None] * N + o_n[None, :], b_g.to(OUT.dtype.element_ty), mask=m_mn)
 
 
 def block_rows(M: int) -> int:
