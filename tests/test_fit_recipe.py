@@ -11,7 +11,7 @@ import tracelock
 from tracelock.cli import main
 from tracelock.policies import make_policy
 from tracelock.policies.frechet import FrechetPolicy
-from tracelock.recipe import base_rule, choose
+from tracelock.recipe import base_rule, choose_gate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -87,16 +87,16 @@ def _records(correct, steps):
     return {f"i{j}": dict(correct=bool(c), steps=s) for j, (c, s) in enumerate(zip(correct, steps))}
 
 
-def test_choose_takes_the_candidate_furthest_above_the_base_and_else_no_correction():
+def test_choose_gate_takes_the_candidate_furthest_above_the_base_and_else_no_correction():
     base = [(0.0, _records([1, 0, 0, 0], [10] * 4)), (0.9, _records([1, 1, 0, 0], [20] * 4))]
     above = [(0.0, _records([1, 1, 0, 0], [10] * 4)), (0.9, _records([1, 1, 1, 0], [20] * 4))]
     below = [(0.0, _records([0, 0, 0, 0], [10] * 4)), (0.9, _records([1, 0, 0, 0], [20] * 4))]
     outside = [(0.0, _records([1, 1, 1, 1], [40] * 4)), (0.9, _records([1, 1, 1, 1], [50] * 4))]
-    got = choose({"t": {"base": base, "0/1.0/0.0": base, "0/1.0/0.5": below, "1/0.9/0.0": above,
+    got = choose_gate({"t": {"base": base, "0/1.0/0.0": base, "0/1.0/0.5": below, "1/0.9/0.0": above,
                         "1/1.0/0.5": outside}})
     assert (got["round"], got["accept"], got["veto"]) == (1, 0.9, 0.0) and got["gap"] == pytest.approx(0.25)
     assert got["gaps"]["1/1.0/0.5"] is None and got["gaps"]["0/1.0/0.0"] == 0.0
-    got = choose({"t": {"base": base, "0/1.0/0.5": below, "1/1.0/0.5": outside}})
+    got = choose_gate({"t": {"base": base, "0/1.0/0.5": below, "1/1.0/0.5": outside}})
     assert (got["round"], got["accept"], got["veto"], got["gap"]) == (0, 1.0, 0.0, 0.0)
 
 

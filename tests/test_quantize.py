@@ -83,8 +83,8 @@ def test_an_unknown_format_says_which_was_meant(capsys, no_weights_read):
     code, err = cli_error(["generate", "--model", "testbed", "--prompt", "hi", "--policy", "threshold",
                            "--gen-length", "16", "--quantize", "int9"], capsys)
     assert code == 2 and "did you mean 'int8'?" in err
-    assert quantize.normalize(None) is None and quantize.normalize("none") is None
-    assert quantize.normalize(" INT8 ") == "int8"
+    assert quantize.quantize_format(None) is None and quantize.quantize_format("none") is None
+    assert quantize.quantize_format(" INT8 ") == "int8"
 
 
 def test_on_a_gpu_the_capability_and_the_dtype_are_checked(monkeypatch):

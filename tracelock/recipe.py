@@ -182,7 +182,7 @@ def fit(config: FitConfig, *, rank: int = 0, world_size: int = 1, say=lambda wha
                             n_val * per_val)
         if rank != 0:
             return out / "controller"
-        choice = choose(points)
+        choice = choose_gate(points)
         _deploy(out, choice, name, mid, knob)
         stages.record["choice"] = choice
         atomic_write_json(stages.path, stages.record)
@@ -302,7 +302,7 @@ def _validate(config: FitConfig, out: Path, tasks: list, base: tuple, rank: int,
     return result
 
 
-def choose(points: dict) -> dict:
+def choose_gate(points: dict) -> dict:
     """The candidate (round, accept, veto) with the largest mean gap over the base's curve at matched steps (the
     mean over tasks of `gap_at_matched_steps`; a candidate whose steps miss the base's range on a task has none and
     is not chosen); ties go to the earlier round. No correction (round 0 with accept 1 and veto 0: the base itself,

@@ -17,7 +17,7 @@ def _randn(g, *shape, dtype, device, scale=1.0):
     return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
 
 
-def window_logits_stats(a, g, device, dtype):
+def window_logits_stats_inputs(a, g, device, dtype):
     D = a[0].shape[1] if a else 64
     V = min(a[1].shape[0], _V) if a else _V - 1
     wdt = a[1].dtype if a else dtype
@@ -26,14 +26,14 @@ def window_logits_stats(a, g, device, dtype):
             eos)
 
 
-def tap_project(a, g, device, dtype):
+def tap_project_inputs(a, g, device, dtype):
     D, N = (a[3].shape[1], a[3].shape[2]) if a else (64, 24)
     adt, cdt = (a[3].dtype, a[4].dtype) if a else (torch.float32, torch.float32)
     taps = tuple(_randn(g, 5, D, dtype=dtype, device=device) for _ in range(3))
     return (*taps, _randn(g, 3, D, N, dtype=adt, device=device, scale=D**-0.5), _randn(g, N, dtype=cdt, device=device))
 
 
-def commit_step(a, g, device, dtype):
+def commit_step_inputs(a, g, device, dtype):
     B, R, L = 2, 8, 12
     theta, cap = (float(a[8]), a[9]) if a else (0.9, 0)
     # margins at least 0.5 from the threshold's: no slot sits on it
@@ -57,7 +57,7 @@ def commit_step(a, g, device, dtype):
     return (score, tau, active, proposal, positions, x, state, end_ids, theta, cap, *extra, *flags)
 
 
-def add_rms_norm(a, g, device, dtype):
+def add_rms_norm_inputs(a, g, device, dtype):
     D = a[0].shape[1] if a else 64
     wdt = a[2].dtype if a else dtype
     residual = None if a and a[1] is None else _randn(g, 3, D, dtype=dtype, device=device)
@@ -65,7 +65,7 @@ def add_rms_norm(a, g, device, dtype):
             float(a[3]) if a else 1e-5)
 
 
-def rope_qkv(a, g, device, dtype):
+def rope_qkv_inputs(a, g, device, dtype):
     H, K, hd, fp32 = (a[3], a[4], a[5], a[6]) if a else (4, 2, 16, True)
     B, Q, Lc = 1, 3, 6
     inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2).float() / hd))
@@ -78,12 +78,12 @@ def rope_qkv(a, g, device, dtype):
     return (*out, *caches, torch.tensor([[5, 1, 2]], device=device))
 
 
-def silu_mul(a, g, device, dtype):
+def silu_mul_inputs(a, g, device, dtype):
     F = min(a[0].shape[1] // 2, _W) if a else 40
     return (_randn(g, 3, 2 * F, dtype=dtype, device=device, scale=3.0),)
 
 
-def linear_rows(a, g, device, dtype):
+def linear_rows_inputs(a, g, device, dtype):
     act = a[4] if a else None
     K = min(a[0].shape[1], _W) if a else 96
     N = min(a[1].shape[0] // 2, _W // 2) * 2 if a else 80
@@ -101,7 +101,7 @@ def _logits(a, g, device, dtype, N=3):
     return _randn(g, N, V, dtype=dtype, device=device, scale=3.0)
 
 
-def credit_fuse(a, g, device, dtype):
+def credit_fuse_inputs(a, g, device, dtype):
     logits = _logits(a, g, device, dtype)
     N, V = logits.shape
     credit = torch.rand(N, V, generator=g).to(device)
@@ -109,7 +109,7 @@ def credit_fuse(a, g, device, dtype):
     return (logits, credit, boost, fresh, *(tuple(float(x) for x in a[4:7]) if a else (0.5, 1.0, 0.9)))
 
 
-def step_kl(a, g, device, dtype):
+def step_kl_inputs(a, g, device, dtype):
     logits = _logits(a, g, device, dtype)
     pdt = a[1].dtype if a else torch.float32
     prev = torch.randn(logits.shape, generator=g).softmax(-1).to(device=device, dtype=pdt)
@@ -117,7 +117,7 @@ def step_kl(a, g, device, dtype):
     return logits, prev
 
 
-def topk_js(a, g, device, dtype):
+def topk_js_inputs(a, g, device, dtype):
     logits = _logits(a, g, device, dtype)
     N, V = logits.shape
     K = min(a[1].shape[1], V) if a else 4
@@ -135,14 +135,14 @@ def _head(a, g, device, dtype, R=3):
             _randn(g, V, D, dtype=wdt, device=device, scale=3 * D**-0.5))
 
 
-def head_credit_fuse(a, g, device, dtype):
+def head_credit_fuse_inputs(a, g, device, dtype):
     hidden, weight = _head(a, g, device, dtype)
     credit = torch.rand(3, weight.shape[0], generator=g).to(device)
     boost, fresh = torch.tensor([True, True, False], device=device), torch.tensor([False, True, False], device=device)
     return (hidden, weight, credit, boost, fresh, *(tuple(float(x) for x in a[5:8]) if a else (0.5, 1.0, 0.9)))
 
 
-def head_topk_js(a, g, device, dtype):
+def head_topk_js_inputs(a, g, device, dtype):
     hidden, weight = _head(a, g, device, dtype)
     V = weight.shape[0]
     K = min(a[2].shape[1], V) if a else 4
@@ -151,7 +151,7 @@ def head_topk_js(a, g, device, dtype):
     return hidden, weight, ids, probs, torch.tensor([True, False, True], device=device)
 
 
-def head_step_kl(a, g, device, dtype):
+def head_step_kl_inputs(a, g, device, dtype):
     hidden, weight = _head(a, g, device, dtype)
     prev_logits = torch.randn(3, weight.shape[0], generator=g) * 3
     prev_lse = prev_logits.logsumexp(-1)
@@ -159,6 +159,8 @@ def head_step_kl(a, g, device, dtype):
     return hidden, weight, prev_logits.to(device), prev_lse.to(device)
 
 
-BUILDERS = {f.__name__: f for f in (window_logits_stats, tap_project, commit_step, add_rms_norm, rope_qkv, silu_mul,
-                                    linear_rows, credit_fuse, step_kl, topk_js, head_credit_fuse, head_topk_js,
-                                    head_step_kl)}
+# op -> its small input's builder
+BUILDERS = {f.__name__.removesuffix("_inputs"): f for f in (
+    window_logits_stats_inputs, tap_project_inputs, commit_step_inputs, add_rms_norm_inputs, rope_qkv_inputs,
+    silu_mul_inputs, linear_rows_inputs, credit_fuse_inputs, step_kl_inputs, topk_js_inputs, head_credit_fuse_inputs,
+    head_topk_js_inputs, head_step_kl_inputs)}

@@ -131,7 +131,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=8, help="cached steps timed per format and batch (8)")
     args = parser.parse_args(argv)
     budget = Budget(args.budget)
-    formats = [quantize.normalize(f) for f in args.formats.split(",") if f.strip()]
+    formats = [quantize.quantize_format(f) for f in args.formats.split(",") if f.strip()]
     model, _, label, (gen, block, prompt_len, batches) = gpu_decode.start_run(args)
     device = model.device
     card, bandwidth, _ = ceilings(device)

@@ -50,7 +50,7 @@ def _say(option: str, value) -> str:
     return f"{option} {value}" if option.startswith("--") else f"{option}={value!r}"
 
 
-def normalize(quantize) -> str | None:
+def quantize_format(quantize) -> str | None:
     """None for full precision (None, "none", ""), else the format's name; an unknown name is a ValueError."""
     if quantize is None or (isinstance(quantize, str) and quantize.strip().lower() in ("", "none")):
         return None
@@ -124,7 +124,7 @@ def import_torchao(fmt: str = "int8", option: str = "quantize"):
 def check_quantize(quantize, device, dtype, *, option: str = "quantize", dtype_option: str = "dtype") -> str | None:
     """The format's name (None: full precision) once ``device`` and ``dtype`` can run it and torchao imports; else a
     ValueError (format, device, what would run it) or a `MissingExtraError` (the extra). Reads no weights."""
-    fmt = normalize(quantize)
+    fmt = quantize_format(quantize)
     if fmt is None:
         return None
     why = device_refusal(fmt, device, dtype, option=option, dtype_option=dtype_option)
