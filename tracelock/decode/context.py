@@ -56,18 +56,19 @@ def start_run(model, settings: DecodeSettings, ops: OpSet, *, observed: bool = F
     check_model(model)
     schedule = Schedule(settings.gen_length, settings.block, settings.window, settings.idle_steps,
                         ops.skip_finished_blocks)
-    policy = resolve_policy(settings.policy, settings.policy_args, gen_length=settings.gen_length, model=model)
-    policy.setup(gen_length=settings.gen_length, num_regions=schedule.num_regions)
+    # built, checked and set up for this run in one call: every error names the policy
+    policy = resolve_policy(settings.policy, settings.policy_args, gen_length=settings.gen_length,
+                            num_regions=schedule.num_regions, model=model)
     check_memory_rule(policy, settings)
     head_op, tap_op = forward_ops(policy, model, ops, settings)
     stochastic = settings.temperature > 0 or not policy.deterministic
     generator = torch.Generator(device=model.device).manual_seed(settings.seed) if stochastic else None
     return RunContext(model, settings, ops, schedule, policy, head_op, tap_op,
-               commit_step=ops.commit_step if ops.fused and not observed else None, generator=generator,
-               end_ids=torch.tensor(model.spec.end_ids, dtype=torch.long, device=model.device),
-               steps_per_region=policy.steps_per_region(),
-               lookahead=lookahead_width(policy, schedule, settings.cache),
-               tap_layout=tap_layout(policy, model, tap_op))
+                      commit_step=ops.commit_step if ops.fused and not observed else None, generator=generator,
+                      end_ids=torch.tensor(model.spec.end_ids, dtype=torch.long, device=model.device),
+                      steps_per_region=policy.steps_per_region(),
+                      lookahead=lookahead_width(policy, schedule, settings.cache),
+                      tap_layout=tap_layout(policy, model, tap_op))
 
 
 def check_memory_rule(policy: Policy, settings: DecodeSettings) -> None:

@@ -112,7 +112,6 @@ class DecodeEngine:
                              "engine's slots are not; run it with fused_generate (the eager loop)")
         self.spec, self.settings, self.policy = model.spec, settings, self.context.policy
         self.num_slots, self.prompt_len, self.length = slots, prompt_len, prompt_len + settings.gen_length
-        self.record = self.context.record  # what `DecodeStats.settings` reports
         # the buffers and graphs: every tensor the steps touch
         self.runner = EngineRunner(self.context, slots, prompt_len, compile, backend)
         self.compiled = self.runner.compiled

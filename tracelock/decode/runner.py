@@ -12,6 +12,7 @@ from functools import partial
 
 import torch
 
+from tracelock import states
 from tracelock.decode import step as verbs
 from tracelock.decode.canvas import Canvas
 from tracelock.decode.context import allocate_memory, memory_width
@@ -86,10 +87,11 @@ class EngineRunner:
     def _allocate(self):
         N, L, dev, spec, ctx = self.num_slots, self.length, self.device, self.spec, self.context
         long = dict(dtype=torch.long, device=dev)
-        self.canvas = Canvas(x=torch.full((N, L), spec.pad_id, **long), state=torch.full(
-            (N, L), 0, dtype=torch.uint8, device=dev), attention_mask=torch.ones((N, L), dtype=torch.bool, device=dev),
+        # every row empty (`Canvas.release`'s state): padding, prompt positions, nothing masked out
+        self.canvas = Canvas(x=torch.full((N, L), spec.pad_id, **long),
+                             state=torch.full((N, L), states.PROMPT, dtype=torch.uint8, device=dev),
+                             attention_mask=torch.ones((N, L), dtype=torch.bool, device=dev),
                              prompt_len=self.prompt_len, gen_length=self.gen_length)
-        self.canvas.release(slice(None), spec)
         self.first_active = torch.full((N,), L, **long)  # L: the row has nothing to decode (free or finished)
         self.counters = RowCounters(*(torch.zeros(N, **long) for _ in range(4)))
         self.commit_log = torch.zeros((N, self.budget + 1), dtype=torch.int32, device=dev)

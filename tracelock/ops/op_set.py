@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tracelock.ops.chooser import IMPLEMENTATIONS, MODES, PER_LAYER, choose
+from tracelock.ops.chooser import IMPLEMENTATIONS, PER_LAYER, choose
 
 # what a backbone forward runs per layer: "kernels" (the default), "specs" or "kernels+matmul"
 BACKBONES = ("kernels", "specs", "kernels+matmul")
@@ -48,8 +48,6 @@ def op_set(device, mode: str = "eager", *, impl: str | None = None, backbone: st
     "kernels", each op's choice and cuBLAS's products; "specs", the plain-PyTorch specs (inductor fuses them in a
     compiled step); "kernels+matmul", also the Triton weight-streaming products with their epilogues
     (`linear_rows`), more than `MATMUL_ROWS` rows (a refresh) taking cuBLAS."""
-    if mode not in MODES:
-        raise ValueError(f"mode={mode!r} must be one of {', '.join(MODES)}")
     if backbone not in BACKBONES:
         raise ValueError(f"backbone={backbone!r} must be one of {', '.join(BACKBONES)}")
     device = torch.device(device)
