@@ -248,3 +248,35 @@ def test_bad_runs_are_refused(micro, tmp_path):
                           "testbed:math", "--limit", "2", "--out", str(tmp_path / "x"), "--sweep", "nonesuch"],
                          capture_output=True, text=True)
     assert cli.returncode == 2 and "'nonesuch' is not a policy" in cli.stderr and "Traceback" not in cli.stderr
+
+
+def test_max_step_gap_traces_a_knob_until_no_hole_can_be_split(micro, tmp_path):
+    # confidence at 16 tokens in two blocks: per_step k is 16 // k steps, which must be even. 1 and 8 (16 and 2 steps)
+    # get 4 (4 steps), then 2 (8 steps); 3 would be 5 steps: 2 to 4 stays a hole of 4 steps, 1 to 2 one of 8 (no whole
+    # number between); 4 to 8 is 2 steps apart
+    result = run_frontier(micro, sweeps=[parse_sweep("confidence:per_step=1,8")], out=tmp_path, max_step_gap=3,
+                          **ARGS)
+    d = result["tasks"]["testbed:math"]["16/8"]
+    assert [(p["value"], p["avg_steps"]) for p in d["curves"]["confidence"]] == [
+        (1, 16), (2, 8), (4, 4), (8, 2)]
+    assert d["largest_step_gap"] == {"confidence": 8} and d["max_step_gap"] == 3
+    assert len(json.loads((tmp_path / "records.json").read_text())["testbed:math"]["16/8"]["points"]) == 4
+    with pytest.raises(ValueError, match="--max-step-gap 0 must be a number of mean steps > 0"):
+        run_frontier(micro, sweeps=[parse_sweep("confidence:per_step=1,8")], out=tmp_path, max_step_gap=0, **ARGS)
+
+
+def test_a_hole_is_split_at_its_midpoint_in_the_knob():
+    from tracelock.eval.dense import geometric, largest_gap, midpoint, values_to_add
+
+    assert midpoint(0.5, 0.9, whole=False, log=False) == 0.7
+    assert midpoint(0.001, 1.0, whole=False, log=True) == 0.03162  # four significant digits
+    assert midpoint(2, 4, whole=True, log=False) == 3 and midpoint(1, 2, whole=True, log=False) is None
+    assert midpoint(1, 8, whole=True, log=False, valid=lambda v: v % 2 == 0) == 4
+    assert midpoint(2, 8, whole=True, log=False, valid=lambda v: v != 5) == 4  # the nearest valid, low side first
+    assert midpoint(0.7, 0.70001, whole=False, log=False) is None  # equal at four digits: left as it is
+    assert geometric([0.001, 0.1, 1.0]) and not geometric([0.5, 0.99]) and not geometric([0.0, 1.0])
+    # neighbours in order of steps, whatever the knob's direction (eb's budget: more gamma, fewer steps)
+    points = [(0.01, 27.0), (0.1, 20.0), (1.0, 13.0), (0.3, 17.5)]
+    assert largest_gap(points) == 7.0 and largest_gap(points[:1]) == 0.0
+    assert values_to_add(points, 3.0, whole=False, log=True) == [0.5477, 0.03162]
+    assert values_to_add(points, 7.0, whole=False, log=True) == []

@@ -308,13 +308,16 @@ def _machine(device) -> dict:
 
 def run_frontier(model, tasks: list, settings: list, sweeps: list, out, *, split="test", limit=None, tolerance=0.01,
                  controller=None, l2p=None, batch_size=32, seed=0, schedule="auto", device="cpu", dtype="float32",
-                 quantize=None, workers=2, progress=None, command=None) -> dict:
+                 quantize=None, workers=2, max_step_gap=None, progress=None, command=None) -> dict:
     """Decode every sweep point (and the family's reference rule at one token per step) on each task and setting;
     write ``frontier.json``, ``frontier.csv`` and ``frontier.png`` in ``out`` (with the cells an earlier call left there
     on the same draw of items); return the result. ``quantize`` decodes with quantized weights (`load_model`'s); one
-    folder holds one format."""
+    folder holds one format. ``max_step_gap``: each sweep's knob is then traced further in each cell until its
+    consecutive points lie at most that many mean steps apart (`tracelock.eval.dense`)."""
+    from tracelock.eval.dense import check_max_gap, largest_gap
     from tracelock.eval.runner import run_eval
 
+    check_max_gap(max_step_gap)
     if split not in SPLITS:
         raise ValueError(f"--split {split!r} does not exist for evaluation; choose from {', '.join(SPLITS)} "
                          "(choose settings on validation, report on test)")
@@ -343,14 +346,25 @@ def run_frontier(model, tasks: list, settings: list, sweeps: list, out, *, split
         spec = task if split == "test" else f"{task}@{split}"
         for setting in settings:
             reference = reference_sweep(ref_name, ref_args).points(setting)[0]
-            policies = [reference] + [p for sw in sweeps for p in sw.points(setting) if p.label != reference.label]
-            if progress:
-                progress(f"{spec} {setting.label}: {len(policies)} points")
             folder = out / slug(task) / setting.slug
-            rows = run_eval(model, spec, policies, [setting], folder, n=limit, seed=seed,
-                            batch_size=batch_size, schedule=schedule, controller=controller, l2p=l2p, device=device,
-                            dtype=dtype, quantize=quantize, workers=workers, progress=progress)
-            summary = summarize_setting(rows, sweeps, reference, tolerance)
+            cell = list(sweeps)  # this cell's sweeps: the listed values, and those its holes add
+            for _ in range(DENSE_ROUNDS + 1):
+                policies = [reference] + [p for sw in cell for p in sw.points(setting) if p.label != reference.label]
+                if progress:
+                    progress(f"{spec} {setting.label}: {len(policies)} points")
+                rows = run_eval(model, spec, policies, [setting], folder, n=limit, seed=seed,
+                                batch_size=batch_size, schedule=schedule, controller=controller, l2p=l2p,
+                                device=device, dtype=dtype, quantize=quantize, workers=workers, progress=progress)
+                denser = cell if max_step_gap is None else [
+                    _denser(sw, rows, max_step_gap, setting, schedule, controller=controller, l2p=l2p) for sw in cell]
+                if denser == cell:
+                    break
+                cell = denser
+            summary = summarize_setting(rows, cell, reference, tolerance)
+            summary["largest_step_gap"] = {name: largest_gap([(p["value"], p["avg_steps"]) for p in c])
+                                           for name, c in summary["curves"].items()}
+            if max_step_gap is not None:
+                summary["max_step_gap"] = max_step_gap
             recs = setting_records(folder / "runs" / setting.slug, policies)
             records.setdefault(task, {})[setting.label] = recs
             summary["matched"] = matched_from_records(recs, summary["curves"], tolerance=tolerance)
@@ -362,6 +376,31 @@ def run_frontier(model, tasks: list, settings: list, sweeps: list, out, *, split
     png = frontier_figure(result)
     atomic_write(out / "frontier.png", lambda p: Path(p).write_bytes(png))
     return result
+
+
+# rounds of midpoints a hole may take: each halves it (in the knob), so a hole 256 times narrower than the listed
+# values' spacing would still be split
+DENSE_ROUNDS = 8
+
+
+def _denser(sweep: Sweep, rows: list, max_gap: float, setting: Setting, schedule: str, **folders) -> Sweep:
+    """``sweep`` with a midpoint in each of its holes wider than ``max_gap`` mean steps (itself when none); a value
+    the setting refuses (`check_policies`: a schedule's steps that do not divide into its blocks) is not tried."""
+    from dataclasses import replace
+
+    from tracelock.eval.dense import geometric, values_to_add
+
+    def valid(value) -> bool:
+        try:
+            check_policies(replace(sweep, values=(value,)).points(setting), [setting], schedule, **folders)
+        except ValueError:
+            return False
+        return True
+
+    steps = {r["policy"]: r["avg_steps"] for r in rows}
+    points = [(v, steps[sweep.label(v)]) for v in sweep.values if sweep.label(v) in steps]
+    new = values_to_add(points, max_gap, whole=sweep.knob == "per_step", log=geometric(sweep.values), valid=valid)
+    return replace(sweep, values=tuple(sorted((*sweep.values, *new)))) if new else sweep
 
 
 # what makes an earlier call's cells comparable with this one's: the same items, judged the same way
@@ -429,6 +468,7 @@ def _run(args) -> int:
                           tolerance=args.tolerance, controller=args.controller, l2p=args.l2p,
                           batch_size=args.batch_size, seed=args.seed, schedule=args.schedule, device=args.device,
                           dtype=args.model_dtype, quantize=args.quantize, workers=args.workers,
+                          max_step_gap=args.max_step_gap,
                           progress=lambda what: print(f"  {what}", file=sys.stderr, flush=True),
                           command=shlex.join(["tracelock", *sys.argv[1:]]))
     print(format_summary(result))
@@ -471,6 +511,9 @@ def add_parsers(sub) -> None:
                         "; ".join(f"{n} {k}={','.join(map(str, v))}" for n, (k, v) in DEFAULT_SWEEPS.items()))
     p.add_argument("--tolerance", type=float, default=0.01,
                    help="the reference accuracy is the one-per-step rule's minus this (default: 0.01, one point)")
+    p.add_argument("--max-step-gap", type=float, metavar="G",
+                   help="trace each knob further, a midpoint at a time, until consecutive points of every curve lie "
+                        "at most G mean steps apart in every cell (e.g. 1.5; default: the listed values only)")
     p.add_argument("--controller", help="a `tracelock train --out` folder, for tracelock sweeps (default: none; "
                                          "a sweep may name its own with controller=DIR)")
     p.add_argument("--l2p", help="a `tracelock train-l2p --out` folder, for l2p sweeps (default: none)")
