@@ -100,6 +100,15 @@ def test_choose_gate_takes_the_candidate_furthest_above_the_base_and_else_no_cor
     assert (got["round"], got["accept"], got["veto"], got["gap"]) == (0, 1.0, 0.0, 0.0)
 
 
+def test_choose_gate_passes_over_a_gate_that_pins_the_knob_to_one_budget():
+    base = [(0.0, _records([1, 0, 0, 0], [10] * 4)), (0.9, _records([1, 1, 0, 0], [20] * 4))]
+    pinned = [(0.0, _records([1, 1, 1, 1], [14] * 4)), (0.9, _records([1, 1, 1, 1], [15] * 4))]  # 1 of 10 steps
+    spans = [(0.0, _records([1, 1, 0, 0], [12] * 4)), (0.9, _records([1, 1, 0, 0], [18] * 4))]  # 6 of 10
+    got = choose_gate({"t": {"base": base, "0/0.8/0.8": pinned, "1/0.9/0.5": spans}})
+    assert got["gaps"]["0/0.8/0.8"] is None and (got["round"], got["accept"], got["veto"]) == (1, 0.9, 0.5)
+    assert choose_gate({"t": {"base": base, "0/0.8/0.8": pinned}}, min_cover=0.05)["veto"] == 0.8
+
+
 @pytest.mark.parametrize("args, match", [
     (["--base", "frechet:delta=0.5"], r"--base 'frechet:delta=0.5' must be one rule with its knob's values listed"),
     (["--prompts", "prompts.jsonl"], r"has no validation split: pass --tasks"),

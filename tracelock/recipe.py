@@ -302,16 +302,23 @@ def _validate(config: FitConfig, out: Path, tasks: list, base: tuple, rank: int,
     return result
 
 
-def choose_gate(points: dict) -> dict:
+def choose_gate(points: dict, min_cover: float = 0.5) -> dict:
     """The candidate (round, accept, veto) with the largest mean gap over the base's curve at matched steps (the
-    mean over tasks of `gap_at_matched_steps`; a candidate whose steps miss the base's range on a task has none and
-    is not chosen); ties go to the earlier round. No correction (round 0 with accept 1 and veto 0: the base itself,
-    gap 0) when no candidate is above the base."""
+    mean over tasks of `gap_at_matched_steps`); ties go to the earlier round. A candidate has no gap on a task, and
+    is not chosen, when the steps its knob reaches cover less than ``min_cover`` of the base's span: a gate that
+    pins every knob value to about one budget (accept at or below veto overrides the base everywhere) is one point,
+    not a curve a user can trade along, and its gap over a sliver of the range says little. No correction (round 0
+    with accept 1 and veto 0: the base itself, gap 0) when no candidate is above the base."""
     from tracelock.eval.matched import Curve, gap_at_matched_steps
 
     def curve(label, pts, ids):
         return Curve(label, [[int(r[i]["correct"]) for i in ids] for _, r in pts],
                      [[r[i]["steps"] for i in ids] for _, r in pts])
+
+    def covers(candidate, base):
+        steps, base_steps = candidate.points()[0], base.points()[0]
+        overlap = min(steps.max(), base_steps.max()) - max(steps.min(), base_steps.min())
+        return overlap >= min_cover * (base_steps.max() - base_steps.min())
 
     gaps = {}
     for curves in points.values():
@@ -319,7 +326,9 @@ def choose_gate(points: dict) -> dict:
         base = curve("base", curves["base"], ids)
         for label, pts in curves.items():
             if label != "base":
-                gaps.setdefault(label, []).append(gap_at_matched_steps(curve(label, pts, ids), [base]))
+                candidate = curve(label, pts, ids)
+                gaps.setdefault(label, []).append(
+                    gap_at_matched_steps(candidate, [base]) if covers(candidate, base) else None)
     mean = {label: None if None in g else sum(g) / len(g) for label, g in gaps.items()}
     ranked = [label for label in mean if mean[label] is not None]
     best = max(ranked, key=lambda label: (round(mean[label], 9), -int(label.split("/")[0])), default=None)
