@@ -3,22 +3,28 @@ decoded once under rules frozen before it.
 
 Three steps, each a subcommand:
 
-- ``draw``: the items. From each testbed task's test pool (`tracelock.tasks.POOL` problems), take out every
-  item an earlier run could have read: the first 500 of the pool (the "first N" runs, N <= 300, and the demo's 16),
-  the random draws of seeds 0 and 1 at every size used (8 to 500), and the verdict's draw (seed 2026, 500); draw
-  ``--n`` of the rest with ``--seed``. Written to ``bench/results/holdout/items.json`` (committed before anything
-  decodes them).
-- ``run``: decode one cell (family, task, setting) of the frozen protocol (``bench/results/holdout/protocol.json``:
-  every policy spec per family and generation length, the controllers, the analysis). It refuses to start unless
-  the protocol and the items file are committed and unchanged in git, and records the commit it ran from. Per-item
+Each hold-out lives in its own folder (``--protocol``, default ``bench/results/holdout``, the first one):
+
+- ``draw``: the items. From each testbed task's test pool (the first ``--pool`` distinct test problems, default
+  `tracelock.tasks.POOL`; a larger pool starts with the same problems), take out every item an earlier run could
+  have read: the first 500 of the pool (the "first N" runs, N <= 300, and the demo's 16), the random draws of seeds
+  0 and 1 at every size used (8 to 500), the verdict's draw (seed 2026, 500) and every earlier hold-out's items
+  (``--exclude``); draw ``--n`` of the rest with ``--seed``. Written to ``<protocol>/items.json`` (committed before
+  anything decodes them).
+- ``run``: decode one cell (family, task, setting) of the frozen protocol (``<protocol>/protocol.json``: every
+  policy spec per family and generation length, the controllers, the analysis). It refuses to start unless the
+  protocol and the items file are committed and unchanged in git, and records the commit it ran from. Per-item
   records are appended as batches finish (`tracelock.eval.runner`), so a killed run resumes where it stopped.
   Several processes may run the same cell: each takes the policies no other one holds (`decode_shared`).
-- ``records``: the compact per-item records of a finished cell, ``<out>/holdout-testbed-<family>/holdout-<task>-<G>-
-  <W>.json``, for `bench/studies/verdict_envelope.py` (the same format as the verdict's records).
+- ``records``: the compact per-item records of a finished cell, ``<out>/<name>-testbed-<family>/<name>-<task>-<G>-
+  <W>.json`` (``<name>``: the protocol folder's name), for `bench/studies/verdict_envelope.py` (the same format as
+  the verdict's records).
 
 Example::
 
     python bench/studies/holdout.py draw --n 500 --seed 5959
+    python bench/studies/holdout.py --protocol bench/results/holdout2 draw --n 300 --seed 7 --pool 4000 \
+        --exclude bench/results/holdout/items.json
     OMP_NUM_THREADS=1 python bench/studies/holdout.py run --family llada --task math --setting 64/16 --work /tmp/holdout
     python bench/studies/holdout.py records --family llada --task math --setting 64/16 --work /tmp/holdout
     python bench/studies/verdict_envelope.py bench/results/holdout-testbed-llada bench/results/holdout-testbed-dream
@@ -52,19 +58,39 @@ def earlier_items(task: str) -> set:
     return used
 
 
-def draw(n: int, seed: int) -> dict:
+def draw(n: int, seed: int, pool: int | None = None, exclude: tuple = ()) -> dict:
+    """``n`` items per task from the first ``pool`` test problems, none of them one an earlier run could have read
+    (`earlier_items`, and every id in the ``exclude`` items files)."""
     from tracelock.tasks import POOL
 
-    out = dict(seed=seed, n=n, pool=POOL, first_excluded=FIRST,
-               earlier_draws={str(s): list(sizes) for s, sizes in EARLIER_DRAWS.items()}, ids={})
+    pool = pool or POOL
+    if pool < POOL:
+        raise SystemExit(f"--pool {pool}: the earlier draws sampled the first {POOL} problems; give at least that")
+    excluded = [json.loads(Path(f).read_text())["ids"] for f in exclude]
+    out = dict(seed=seed, n=n, pool=pool, first_excluded=FIRST,
+               earlier_draws={str(s): list(sizes) for s, sizes in EARLIER_DRAWS.items()},
+               excluded_files=[_repo_path(f) for f in exclude], ids={})
     for task in TASKS:
-        free = sorted(set(range(POOL)) - earlier_items(task))
+        used = earlier_items(task) | {int(i.rsplit(":", 1)[1]) for ids in excluded for i in ids[task]}
+        free = sorted(set(range(pool)) - used)
         if len(free) < n:
             raise SystemExit(f"{task}: only {len(free)} pool items are left; ask for fewer (--n)")
         picks = sorted(random.Random(f"tracelock-holdout:{task}:{seed}").sample(free, n))
         out["ids"][task] = [f"{task}:test:{i}" for i in picks]
         out[f"{task}_free"] = len(free)
     return out
+
+
+def _repo_path(path) -> str:
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def pool_items(task: str, size: int) -> tuple:
+    """The first ``size`` distinct test problems of ``task`` (`tracelock.tasks.POOL` of them: the shared pool)."""
+    from tracelock.tasks import POOL, _pool, held_out
+
+    return _pool(task, "test") if size == POOL else tuple(held_out(task, "test", size))
 
 
 def committed(path: Path) -> str:
@@ -83,20 +109,20 @@ def cell_specs(protocol: dict, family: str, setting: str) -> list:
     return protocol["families"][family]["points"][gen]
 
 
-def run(family: str, task: str, setting: str, work: Path, batch_size: int, workers: int) -> None:
+def run(protocol_dir: Path, family: str, task: str, setting: str, work: Path, batch_size: int, workers: int) -> None:
     import torch
 
     from tracelock.atomic import atomic_write_json
     from tracelock.eval.runner import _decode_policy, parse_policies, parse_settings
     from tracelock.eval.tasks import EvalItem, make_task
     from tracelock.models import load_model, load_tokenizer
-    from tracelock.tasks import _pool
 
-    frozen = {p.name: committed(p) for p in (HOLDOUT / "protocol.json", HOLDOUT / "items.json")}
-    protocol = json.loads((HOLDOUT / "protocol.json").read_text())
-    ids = json.loads((HOLDOUT / "items.json").read_text())["ids"][task]
+    frozen = {p.name: committed(p) for p in (protocol_dir / "protocol.json", protocol_dir / "items.json")}
+    protocol = json.loads((protocol_dir / "protocol.json").read_text())
+    drawn = json.loads((protocol_dir / "items.json").read_text())
+    ids = drawn["ids"][task]
     fam = protocol["families"][family]
-    pool = _pool(task, "test")
+    pool = pool_items(task, drawn["pool"])
     items = [EvalItem(i, pool[int(i.rsplit(":", 1)[1])].prompt, pool[int(i.rsplit(":", 1)[1])]) for i in ids]
     scorer = make_task(f"testbed:{task}")
     (s,) = parse_settings(setting)
@@ -111,7 +137,7 @@ def run(family: str, task: str, setting: str, work: Path, batch_size: int, worke
 
     def decode(policy):
         _decode_policy(model, tokenizer, scorer, items, policy, s, folder / policy.slug, rank=0,
-                       batch_size=batch_size, seed=0, schedule="auto", controller=fam["controller"],
+                       batch_size=batch_size, seed=0, schedule="auto", controller=fam.get("controller"),
                        first_folder=folder / policies[0].slug, workers=workers)
         print(f"{family} {task} {setting} {policy.label}: done", flush=True)
 
@@ -142,13 +168,14 @@ def decode_shared(policies: list, folder_of, decode, poll: float = 5.0) -> None:
             time.sleep(poll)
 
 
-def records(family: str, task: str, setting: str, work: Path, out: Path) -> Path:
+def records(protocol_dir: Path, family: str, task: str, setting: str, work: Path, out: Path) -> Path:
     from tracelock.atomic import atomic_write_json
     from tracelock.eval.items import compact_records, folder_items
     from tracelock.eval.runner import parse_policies, parse_settings
 
-    protocol = json.loads((HOLDOUT / "protocol.json").read_text())
-    n = len(json.loads((HOLDOUT / "items.json").read_text())["ids"][task])
+    protocol = json.loads((protocol_dir / "protocol.json").read_text())
+    n = len(json.loads((protocol_dir / "items.json").read_text())["ids"][task])
+    name = protocol_dir.name
     (s,) = parse_settings(setting)
     folder = work / family / f"{task}-{s.slug}"
     per_point = {}
@@ -157,8 +184,8 @@ def records(family: str, task: str, setting: str, work: Path, out: Path) -> Path
             got = folder_items(folder / policy.slug)
             if len(got) != n:
                 raise SystemExit(f"{folder / policy.slug}: {len(got)} of {n} items decoded; run the cell first")
-            per_point[f"holdout-{s.slug}/{policy.slug}"] = got
-    path = out / f"holdout-testbed-{family}" / f"holdout-{task}-{s.slug}.json"
+            per_point[f"{name}-{s.slug}/{policy.slug}"] = got
+    path = out / f"{name}-testbed-{family}" / f"{name}-{task}-{s.slug}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, compact_records(per_point))
     return path
@@ -166,10 +193,15 @@ def records(family: str, task: str, setting: str, work: Path, out: Path) -> Path
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--protocol", type=Path, default=HOLDOUT,
+                   help="the hold-out's folder: its protocol.json and items.json (default: the first hold-out's)")
     sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("draw", help="draw the hold-out items into bench/results/holdout/items.json")
+    d = sub.add_parser("draw", help="draw the hold-out items into <protocol>/items.json")
     d.add_argument("--n", type=int, default=500)
     d.add_argument("--seed", type=int, required=True)
+    d.add_argument("--pool", type=int, default=None, help="draw from the first N distinct test problems")
+    d.add_argument("--exclude", type=Path, action="append", default=[],
+                   help="an earlier hold-out's items.json whose items are left out (repeatable)")
     for name in ("run", "records"):
         c = sub.add_parser(name)
         c.add_argument("--family", required=True, choices=["llada", "dream"])
@@ -183,16 +215,16 @@ def main(argv=None) -> int:
             c.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = p.parse_args(argv)
     if args.command == "draw":
-        HOLDOUT.mkdir(parents=True, exist_ok=True)
-        path = HOLDOUT / "items.json"
+        args.protocol.mkdir(parents=True, exist_ok=True)
+        path = args.protocol / "items.json"
         if path.exists():
             raise SystemExit(f"{path} exists: the hold-out is drawn once")
-        path.write_text(json.dumps(draw(args.n, args.seed), indent=1) + "\n")
+        path.write_text(json.dumps(draw(args.n, args.seed, args.pool, tuple(args.exclude)), indent=1) + "\n")
         print(path)
     elif args.command == "run":
-        run(args.family, args.task, args.setting, args.work, args.batch_size, args.workers)
+        run(args.protocol, args.family, args.task, args.setting, args.work, args.batch_size, args.workers)
     else:
-        print(records(args.family, args.task, args.setting, args.work, args.out))
+        print(records(args.protocol, args.family, args.task, args.setting, args.work, args.out))
     return 0
 
 

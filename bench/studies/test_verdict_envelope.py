@@ -153,6 +153,19 @@ def test_the_holdout_draw_is_disjoint_from_every_earlier_one():
     assert committed["seed"] == 5959 and all(len(committed["ids"][t]) == committed["n"] for t in holdout.TASKS)
 
 
+def test_a_later_holdout_draws_from_a_larger_pool_and_leaves_out_the_earlier_ones():
+    first = holdout.HOLDOUT / "items.json"
+    got = holdout.draw(300, seed=3, pool=4000, exclude=(first,))
+    earlier = json.loads(first.read_text())["ids"]
+    assert got["pool"] == 4000 and got["excluded_files"] == ["bench/results/holdout/items.json"]
+    for task in holdout.TASKS:
+        places = {int(i.rsplit(":", 1)[1]) for i in got["ids"][task]}
+        assert len(places) == 300 and max(places) < 4000 and not set(got["ids"][task]) & set(earlier[task])
+        assert not places & holdout.earlier_items(task)
+    # the larger pool opens with the shared one, so an id names the same problem in both
+    assert holdout.pool_items("math", 2100)[:5] == holdout.pool_items("math", 2000)[:5]
+
+
 def test_the_frozen_protocol_builds():
     from tracelock.eval.runner import check_policies, parse_policies, parse_settings
 
