@@ -96,6 +96,8 @@ def test_choose_gate_takes_the_candidate_furthest_above_the_base_and_else_no_cor
                         "1/1.0/0.5": outside}})
     assert (got["round"], got["accept"], got["veto"]) == (1, 0.9, 0.0) and got["gap"] == pytest.approx(0.25)
     assert got["gaps"]["1/1.0/0.5"] is None and got["gaps"]["0/1.0/0.0"] == 0.0
+    low, high = got["intervals"]["t"]  # 4 items, one of them apart: a resample counts it 0 to 4 times
+    assert 0.0 <= low <= 0.25 <= high <= 1.0
     got = choose_gate({"t": {"base": base, "0/1.0/0.5": below, "1/1.0/0.5": outside}})
     assert (got["round"], got["accept"], got["veto"], got["gap"]) == (0, 1.0, 0.0, 0.0)
 

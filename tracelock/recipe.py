@@ -186,8 +186,10 @@ def fit(config: FitConfig, *, rank: int = 0, world_size: int = 1, say=lambda wha
         _deploy(out, choice, name, mid, knob)
         stages.record["choice"] = choice
         atomic_write_json(stages.path, stages.record)
+        spread = "".join(f", {task} [{100 * lo:+.1f}, {100 * hi:+.1f}]" for task, (lo, hi) in
+                         choice.get("intervals", {}).items() if lo is not None and hi is not None)
         say(f"chosen: round {choice['round']}, accept {choice['accept']}, veto {choice['veto']} (mean gap over the "
-            f"base's curve at matched steps {100 * choice['gap']:+.1f} points); deploy it with "
+            f"base's curve at matched steps {100 * choice['gap']:+.1f} points{spread}); deploy it with "
             f"--policy gate:controller={out / 'controller'} (its knob: base_{knob})")
         return out / "controller"
 
@@ -309,7 +311,7 @@ def choose_gate(points: dict, min_cover: float = 0.5) -> dict:
     pins every knob value to about one budget (accept at or below veto overrides the base everywhere) is one point,
     not a curve a user can trade along, and its gap over a sliver of the range says little. No correction (round 0
     with accept 1 and veto 0: the base itself, gap 0) when no candidate is above the base."""
-    from tracelock.eval.matched import Curve, gap_at_matched_steps
+    from tracelock.eval.matched import Curve, gap_at_matched_steps, verdict
 
     def curve(label, pts, ids):
         return Curve(label, [[int(r[i]["correct"]) for i in ids] for _, r in pts],
@@ -320,13 +322,14 @@ def choose_gate(points: dict, min_cover: float = 0.5) -> dict:
         overlap = min(steps.max(), base_steps.max()) - max(steps.min(), base_steps.min())
         return overlap >= min_cover * (base_steps.max() - base_steps.min())
 
-    gaps = {}
-    for curves in points.values():
+    gaps, pairs = {}, {}
+    for task, curves in points.items():
         ids = sorted(set.intersection(*(set(r) for pts in curves.values() for _, r in pts)))
         base = curve("base", curves["base"], ids)
         for label, pts in curves.items():
             if label != "base":
                 candidate = curve(label, pts, ids)
+                pairs.setdefault(label, {})[task] = (candidate, base)
                 gaps.setdefault(label, []).append(
                     gap_at_matched_steps(candidate, [base]) if covers(candidate, base) else None)
     mean = {label: None if None in g else sum(g) / len(g) for label, g in gaps.items()}
@@ -335,7 +338,9 @@ def choose_gate(points: dict, min_cover: float = 0.5) -> dict:
     if best is None or mean[best] <= 0:
         return dict(round=0, accept=1.0, veto=0.0, gap=0.0, gaps=mean)
     k, accept, veto = best.split("/")
-    return dict(round=int(k), accept=float(accept), veto=float(veto), gap=mean[best], gaps=mean)
+    # the chosen gap's 90% paired bootstrap interval per task (read it knowing it is the best of the candidates)
+    intervals = {task: verdict(candidate, [base])["gap_interval"] for task, (candidate, base) in pairs[best].items()}
+    return dict(round=int(k), accept=float(accept), veto=float(veto), gap=mean[best], gaps=mean, intervals=intervals)
 
 
 def _deploy(out: Path, choice: dict, name: str, args: dict, knob: str) -> None:
