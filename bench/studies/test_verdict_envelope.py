@@ -16,6 +16,14 @@ def test_curves_kinds_and_holm():
     assert ve.kind_of("tracelock-hold-end-true-fallback-confidence") == "shipped"
     assert ve.kind_of("tracelock-controller-x-curve-tracelock-st") == "paper" and ve.kind_of("l2p") == "other"
     assert ve.knob_of("v-64-16/tracelock-theta-0.85-hold-end-true") == 0.85 and ve.knob_of("64-16/l2p") is None
+    # the rules since Fast-dLLM and the gate: one curve per rule and form, whatever knob value
+    assert ve.curve_of("64-16/eb-gamma-0.01-hold-end-true") == "eb-hold-end-true"
+    assert ve.curve_of("64-16/hierarchy-tau-0.5-low-0.4") == ve.curve_of("64-16/hierarchy-low-0.2") == "hierarchy"
+    assert ve.curve_of("64-16/klass-tau-0.3-kl-0.01-form-dream-first-token-true") == "klass-form-dream-first-token-true"
+    assert ve.curve_of("64-16/pc-background-testbed-dream-steps-32") == "pc-background-testbed-dream"
+    gate = ve.curve_of("64-16/gate-controller-testbed-math-base-eb-base-gamma-0.1")
+    assert gate == "gate-controller-testbed-math-base-eb-base" and ve.kind_of(gate) == "gate"
+    assert ve.kind_of("credit-first-token-true") == "heuristic" and ve.judged(gate, "gate")
     # Holm at 0.10 over 4: 0.01 <= 0.025, 0.03 <= 0.033, then 0.055 > 0.05 stops (0.06 <= 0.10 is never reached)
     assert ve.holm({"a": 0.01, "b": 0.03, "c": 0.06, "d": 0.055}) == {"a", "b"}
     assert ve.holm({"a": 0.01, "b": 0.03, "c": 0.06, "d": 0.04}) == {"a", "b", "c", "d"}

@@ -7,11 +7,12 @@ A folder (``bench/results/verdict-testbed-llada``) holds one record file per cel
 its ``records.json``. Every point of a cell is read on the cell's items (files of one cell must hold the same ids; a
 point in two files must be the same).
 
-Curves are the points' policy slugs with the knob taken out (``tau``, ``per-step``, ``f``, ``delta``, ``theta``);
-a curve is a heuristic when its policy needs no training (`tracelock.eval.matched.HEURISTICS`) and held when it
-carries ``hold-end-true``. The shipped rule is TraceLock with ``hold-end-true``; the paper's rule the frontier's
-``TraceLock-ST`` curve. Each comparison reads one TraceLock curve against the envelope of a set of heuristic
-curves at matched steps (`tracelock.eval.matched.gap_at_matched_steps`):
+Curves are the points' policy slugs with the knobs taken out (``tau``, ``per-step``, ``f``, ``delta``, ``theta``,
+``gamma``, ``steps``, ``low``, ``kl``); a curve is a heuristic when its policy needs no training
+(`tracelock.eval.matched.HEURISTICS`) and held when it carries ``hold-end-true``. The shipped rule is TraceLock with
+``hold-end-true``; the paper's rule the frontier's ``TraceLock-ST`` curve; the gate (`tracelock fit`'s learned
+correction of a training-free rule) any ``gate`` curve. Each comparison reads one TraceLock curve against the
+envelope of a set of heuristic curves at matched steps (`tracelock.eval.matched.gap_at_matched_steps`):
 
 - ``published``: the families' one-per-step rules at 1, 2, 4 tokens and Fast-dLLM's threshold (both forms on Dream),
 - ``control``: those and the held threshold (the control of docs/frontier.md),
@@ -39,7 +40,9 @@ import numpy as np
 
 from tracelock.eval.matched import HEURISTICS, Curve, gap_at_matched_steps
 
-KNOB = re.compile(r"-(tau|per-step|f|delta|theta)-[0-9.]+")
+# every knob a curve is traced along (the rules since Fast-dLLM's too: eb's gamma, PC-Sampler's steps, the
+# hierarchy's low, KLASS's kl; the gate's base_gamma ends in -gamma-)
+KNOB = re.compile(r"-(tau|per-step|f|delta|theta|gamma|steps|low|kl)-[0-9.]+")
 CELL_FILE = re.compile(r"^(?P<what>.+)-(?P<task>math|code)-(?P<gen>\d+)-(?P<width>\d+)\.json$")
 COMPARISONS = ("published", "control", "strongest")
 
@@ -86,10 +89,12 @@ def curve_of(point: str) -> str:
 
 
 def kind_of(curve: str) -> str:
-    """heuristic / held (a held heuristic) / shipped / paper / other (Learn2PD, TraceLock otherwise)."""
+    """heuristic / held (a held heuristic) / shipped / paper / gate / other (Learn2PD, TraceLock otherwise)."""
     name = curve.split("-")[0]
     if name in HEURISTICS:
         return "held" if "hold-end-true" in curve else "heuristic"
+    if name == "gate":
+        return "gate"
     if name == "tracelock":
         if "curve-tracelock-st" in curve:
             return "paper"
@@ -230,9 +235,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="write the result as JSON here")
     p.add_argument("--resamples", type=int, default=2000,
                    help="bootstrap resamples (default 2000: a two-sided p-value reaches 0.001, under Holm's 0.10 / 16)")
-    p.add_argument("--learned", default="shipped", choices=["shipped", "paper", "held-threshold"],
-                   help="the curve judged: TraceLock's shipped rule (default), the paper's, or the held threshold "
-                        "alone against the published envelope (the hold's share)")
+    p.add_argument("--learned", default="shipped", choices=["shipped", "paper", "gate", "held-threshold"],
+                   help="the curve judged: TraceLock's shipped rule (default), the paper's, the fitted gate, or the "
+                        "held threshold alone against the published envelope (the hold's share)")
     p.add_argument("--knobs", nargs=2, type=float, metavar=("LO", "HI"),
                    help="judge only the points of the learned curve whose knob (theta) lies in [LO, HI]")
     args = p.parse_args(argv)
