@@ -1,6 +1,7 @@
 """The server's decode path (`tracelock.serve.scheduler.Scheduler`, the engines it builds per served policy) with the
-rules added last: Fast-dLLM++'s `frechet` and the end-of-text hold of each heuristic. Every request's answer and steps
-are `fused_generate`'s on its prompt alone, while several requests share the batch."""
+rules added last: Fast-dLLM++'s `frechet`, the end-of-text hold of each heuristic, and the fitted gate over a stateful
+rule. Every request's answer and steps are `fused_generate`'s on its prompt alone, while several requests share the
+batch."""
 
 import queue
 
@@ -13,7 +14,8 @@ from tracelock.text import answer_ids, encode_prompt
 pytestmark = pytest.mark.usefixtures("one_thread")
 BLOCK, GEN = 16, 64
 SERVED = "frechet:delta=0.0,frechet:delta=0.1:hold_end=true,factor:f=1.0:hold_end=true," \
-         "confidence:per_step=2:hold_end=true,threshold:tau=0.9:hold_end=true"
+         "confidence:per_step=2:hold_end=true,threshold:tau=0.9:hold_end=true," \
+         "gate:controller=testbed:base=credit:base_tau=0.7:veto=0.5:accept=0.95"
 
 
 def test_served_rules_equal_fused_generate():
