@@ -280,3 +280,16 @@ def test_a_hole_is_split_at_its_midpoint_in_the_knob():
     assert largest_gap(points) == 7.0 and largest_gap(points[:1]) == 0.0
     assert values_to_add(points, 3.0, whole=False, log=True) == [0.5477, 0.03162]
     assert values_to_add(points, 7.0, whole=False, log=True) == []
+
+
+def test_the_gate_is_traced_along_its_bases_knob(tmp_path):
+    """The fitted gate's knob is its base rule's (``base_gamma`` for the entropy bound): a sweep lists it, and
+    --max-step-gap splits its holes geometrically (gamma spans a factor of 10 and more)."""
+    sweep = "gate:base_gamma=0.001,10:controller=testbed:base=eb:veto=0.5"
+    result = run_frontier("testbed", sweeps=[parse_sweep(sweep)], out=tmp_path, max_step_gap=2,
+                          tasks=["testbed:math"], settings=[Setting(16, 8)], limit=3, batch_size=3)
+    points = result["tasks"]["testbed:math"]["16/8"]["curves"]["gate:controller=testbed:base=eb:veto=0.5"]
+    values = [p["value"] for p in points]
+    assert values[0] == 0.001 and values[-1] == 10 and 0.1 in values  # 0.1: the geometric midpoint of the two
+    steps = [p["avg_steps"] for p in points]
+    assert steps == sorted(steps, reverse=True) and steps[0] > steps[-1]

@@ -128,7 +128,10 @@ def parse_sweep(text: str) -> Sweep:
         raise ValueError(f"--sweep {text!r} names {len(groups)} policies ({', '.join(g[0] for g in groups)}); give "
                          "each its own --sweep")
     name, _, pairs, listed, listed_values = groups[0]
-    accepted = {p for p in inspect.signature(POLICIES[name].__init__).parameters if p != "self"}
+    params = inspect.signature(POLICIES[name].__init__).parameters.values()
+    accepted = {p.name for p in params if p.name != "self" and p.kind is not p.VAR_KEYWORD}
+    # the gate passes base_<argument> on to its base rule (which checks them when the sweep's policies are built)
+    forwards = any(p.kind is p.VAR_KEYWORD and p.name == "base_args" for p in params)
     if name in PER_STEP_POLICIES or "steps" in accepted:
         accepted.add("per_step")
     accepted |= {"schedule", "cache", "refresh_every", "refresh_shift"}  # the runner's (see runner.RUNNER_KEYS)
@@ -137,7 +140,7 @@ def parse_sweep(text: str) -> Sweep:
         if key == "curve":
             title = value
             continue
-        if key not in accepted:
+        if key not in accepted and not (forwards and key.startswith("base_")):
             raise ValueError(f"--sweep {text!r}: {name} has no knob or argument {key!r}; choose from "
                              f"{', '.join(sorted(accepted))}{did_you_mean(key, accepted)}")
         if i == listed:
