@@ -95,3 +95,22 @@ def test_a_ship_error_names_the_subcommand_not_the_recorded_command(tmp_path):
                            "--dest", str(tmp_path / "dest"), "--command", "MY RECIPE", "--machine", "here"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and proc.stderr.startswith("tracelock testbed-ship-controller: error:"), proc.stderr
+
+
+def test_a_fit_controller_ships_with_its_gate(tmp_path):
+    """`tracelock fit`'s OUT/controller holds a gate.json; shipped, the folder deploys as that gate by name alone."""
+    from tracelock.policies.gate import GatePolicy
+    from tracelock.testbed.ship import ship_controller
+
+    run, dest = tmp_path / "controller", tmp_path / "dest"
+    run.mkdir()
+    source = loading.BUNDLED_CONTROLLERS["testbed"]
+    for name in CONTROLLER_FILES:
+        (run / name).write_bytes((source / name).read_bytes())
+    gate = dict(base="eb", base_args={"gamma": 0.1, "hold_end": True}, accept=0.9, veto=0.5, knob="base_gamma")
+    (run / "gate.json").write_text(json.dumps(gate))
+    info = ship_controller(run, dest, command="tracelock fit ...", machine="this CPU")
+    assert info["gate"] == gate and json.loads((dest / "gate.json").read_text()) == gate
+    policy = GatePolicy(dest, model=tracelock.load_model("testbed"))
+    assert (policy.base.name, policy.base.gamma, policy.base.hold_end) == ("eb", 0.1, True)
+    assert (policy.accept, policy.veto) == (0.9, 0.5)

@@ -20,6 +20,7 @@ MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "sp
 CURVE_EVERY = 100  # steps between the loss points kept in testbed.json
 BUNDLED_MODEL = Path(__file__).parent / "model"
 CONTROLLER_FILES = ("best.json", "best.safetensors", "encoder.json", "encoder.safetensors", "metrics.json")
+GATE_FILE = "gate.json"  # a `tracelock fit` controller's chosen gate (base rule, accept, veto): shipped with it
 
 
 def sha256(path) -> str:
@@ -92,7 +93,8 @@ def ship(run, dest, *, command: str, machine: str, overwrite: bool = False) -> d
 
 def ship_controller(run, dest, *, command: str, machine: str, commit_rule: str | None = None) -> dict:
     """Copy a finished `tracelock train` run's controller, encoder and held-out metrics into ``dest`` (atomically,
-    file by file) and write ``dest/shipped.json``; a run without metrics.json has not finished and is refused.
+    file by file) and write ``dest/shipped.json``; a run without metrics.json has not finished and is refused. A
+    `tracelock fit` controller (``OUT/controller``) brings its ``gate.json``, which `shipped.json` repeats.
 
     ``commit_rule`` ("paper" or "hold-end", `tracelock.controller.commit_rule_named`) sets the rule the controller
     deploys with in ``dest/best.json``; None keeps the run's. ``run`` may be ``dest`` itself (a new rule, in place).
@@ -106,7 +108,7 @@ def ship_controller(run, dest, *, command: str, machine: str, commit_rule: str |
                                 "`tracelock train` or `tracelock self-train` (its controller/) run")
     dest.mkdir(parents=True, exist_ok=True)
     if run.resolve() != dest.resolve():
-        for name in CONTROLLER_FILES:
+        for name in CONTROLLER_FILES + ((GATE_FILE,) if (run / GATE_FILE).is_file() else ()):
             atomic_write(dest / name, lambda tmp, name=name: shutil.copyfile(run / name, tmp))
     config = json.loads((dest / "best.json").read_text())
     if commit_rule is not None:
@@ -115,6 +117,8 @@ def ship_controller(run, dest, *, command: str, machine: str, commit_rule: str |
     info = {"command": command, "machine": machine, "metrics": json.loads((run / "metrics.json").read_text()),
             "commit_rule": config.get("commit_rule", {}),
             "best_safetensors_sha256": sha256(dest / "best.safetensors")}
+    if (dest / GATE_FILE).is_file():
+        info["gate"] = json.loads((dest / GATE_FILE).read_text())
     atomic_write_json(dest / "shipped.json", info)
     return info
 
@@ -143,7 +147,8 @@ def add_parsers(sub):
 
     p = sub.add_parser("testbed-ship-controller",
                        help="copy a finished `tracelock train` run into a bundled model's controller folder")
-    p.add_argument("run", help="the --out folder of a finished `tracelock train` run (or a self-train's controller/)")
+    p.add_argument("run", help="the --out folder of a finished `tracelock train` run (or a self-train's or a "
+                               "`tracelock fit`'s controller/, which brings its gate.json)")
     p.add_argument("--dest", required=True,
                    help="folder to write; the bundled models' controllers are "
                         f"{BUNDLED_MODEL.parent / 'controller-llada'} and {BUNDLED_MODEL.parent / 'controller-dream'}")
