@@ -122,7 +122,8 @@ def _fit(ref, got):
              faults.compare_store(ref / "round-1" / "traces", got / "round-1" / "traces", paths=(ref, got)),
              faults.compare_cache(ref / "pool" / "cache", got / "pool" / "cache"),
              faults.compare_cache(ref / "onpolicy", got / "onpolicy"),
-             _files(["pool/encoder/*", "round-*/best.*", "round-*/metrics.json", "controller/*"])(ref, got)]
+             _files(["pool/encoder/*", "round-*/best.*", "round-*/metrics.json", "round-*/history.json",
+                     "controller/*"])(ref, got)]
     for folder in sorted((ref / "validation").glob("*/runs/*/*")):
         rel = folder.relative_to(ref)
         parts.append(faults.compare_jsonl(folder / "items-rank0.jsonl", got / rel / "items-rank0.jsonl",

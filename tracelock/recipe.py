@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tracelock.atomic import atomic_write_json, folder_lock
+from tracelock.atomic import atomic_write_json, folder_lock, remove_stale_temps
 from tracelock.integrity import read_json
 
 __all__ = ["FitConfig", "fit"]
@@ -171,7 +171,7 @@ def fit(config: FitConfig, *, rank: int = 0, world_size: int = 1, say=lambda wha
         stages.run("features", "the encoder and the pool's codes", lambda: _features(config, pool, rank, world_size),
                    1.0)
         stages.run("round-0", f"the supervised controller ({config.steps} steps)",
-                   lambda: _train(config, out / "round-0", pool, None, config.steps), 1.0)
+                   lambda: _train(config, out / "round-0", pool, None, config.steps, rank=rank), 1.0)
         for k in range(1, config.rounds + 1):
             gate = dict(accept=min(config.accept), veto=max(config.veto))
             stages.run(f"round-{k}", f"on-policy round {k}: the gate with round {k - 1}'s controller, {gate}",
@@ -230,13 +230,17 @@ def _featurize(model, encoder, traces, cache: Path) -> None:
     featurize(model, encoder, traces, cache)
 
 
-def _train(config: FitConfig, run: Path, pool: Path, init: Path | None, steps: int, onpolicy: Path | None = None):
+def _train(config: FitConfig, run: Path, pool: Path, init: Path | None, steps: int, onpolicy: Path | None = None,
+           rank: int = 0):
     """A controller into ``run``: round 0 from the preset on the pool, a later round from ``init`` on the pool and
     the on-policy cache at share alpha. Done when its ``metrics.json`` is written."""
     from tracelock.train.cli import PRESETS
     from tracelock.train.fit import TrainConfig, train
 
-    if (run / "metrics.json").is_file():
+    if (run / "metrics.json").is_file():  # train writes it last; a run killed after it left its lock and temps
+        if rank == 0:
+            with folder_lock(run):
+                remove_stale_temps(run)
         return
     common = dict(cache=str(pool / "cache"), out=str(run), steps=steps, eval_every=max(1, steps // 4),
                   encoder=str(pool / "encoder"), seed=config.seed, device=config.device)
@@ -271,7 +275,7 @@ def _round(config: FitConfig, out: Path, k: int, name: str, args: dict, gate: di
 
         _featurize(model, load_encoder(out / "pool" / "encoder", model), prefixed(), out / "onpolicy")
     _barrier(world_size)
-    _train(config, folder, out / "pool", previous, config.round_steps, onpolicy=out / "onpolicy")
+    _train(config, folder, out / "pool", previous, config.round_steps, onpolicy=out / "onpolicy", rank=rank)
 
 
 def _validate(config: FitConfig, out: Path, tasks: list, base: tuple, rank: int, world_size: int) -> dict:

@@ -444,9 +444,9 @@ def _finish(out: Path, cache, val_idx, val_r, config: TrainConfig, device, info:
     full = controller_scores(best, cache, val_idx, np.ones(len(val_idx)), config.batch_size, device)
     result = dict(best_step=info["best_step"], validation_items=int(len(val_idx)),
                   fixed_crop=metrics.stability_metrics(*fixed), full=metrics.stability_metrics(*full))
-    atomic_write_json(out / "metrics.json", result)
     history = json.dumps(info["history"], indent=1)
     atomic_write_text(out / "history.json", history + "\n")
+    atomic_write_json(out / "metrics.json", result)  # last: a run with its metrics.json is complete
 
 
 def _cache_fingerprint(cache) -> dict:
