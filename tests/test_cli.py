@@ -76,3 +76,20 @@ def test_generate_reads_a_learned_policy_once_not_per_batch(tmp_path, monkeypatc
                  "tracelock:controller=testbed", "--gen-length", "16", "--window", "8", "--batch-size", "1",
                  "--threads", "1", "--out", str(out)]) == 0
     assert len(out.read_text().splitlines()) == 3 and len(reads) == 2  # the check, then the run's one policy
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["train-l2p", "--traces", "", "--model", "testbed", "--block", "1", "--out", "o"], "--traces"),
+    (["fit-encoder", "--traces", "", "--model", "testbed", "--out", "o"], "--traces"),
+    (["featurize", "--traces", "t", "--model", "testbed", "--encoder", "", "--out", "o"], "--encoder"),
+    (["train", "--cache", "", "--out", "o"], "--cache"),
+    (["self-train", "--model", "testbed", "--controller", "c", "--cache", "", "--prompts", "testbed:math", "--out",
+      "o"], "--cache"),
+])
+def test_an_empty_input_folder_is_named_with_its_option(argv, option, capsys):
+    # an empty path read as the working directory: the error named a missing index.json, not the option
+    from tracelock.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    assert f"argument {option}: an empty path; pass a" in capsys.readouterr().err

@@ -123,3 +123,15 @@ def existing_file(option: str):
         return text
 
     return parse
+
+
+def input_folder(what: str):
+    """argparse type of an input folder (``--traces``, ``--cache``, ``--encoder``): not empty. An empty value read as
+    the working directory, and its missing index.json named no option; a missing folder is named, path and all, by
+    the reader that opens it."""
+    def parse(text: str) -> str:
+        if not text:
+            raise argparse.ArgumentTypeError(f"an empty path; pass {what}")
+        return text
+
+    return parse

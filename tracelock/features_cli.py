@@ -71,8 +71,10 @@ def _featurize(args):
 
 def _add_common(p):
     from tracelock.cli_options import add_batch_size, add_device, add_model, add_model_dtype
+    from tracelock.cli_values import input_folder
 
-    p.add_argument("--traces", required=True, help="trace store folder (`tracelock collect --out`)")
+    p.add_argument("--traces", required=True, type=input_folder("a trace store folder (`tracelock collect --out`)"),
+                   help="trace store folder (`tracelock collect --out`)")
     add_model(p, extra="the backbone the traces were decoded with")
     add_batch_size(p, default=8, extra="replayed steps per backbone forward")
     add_model_dtype(p, old=())
@@ -81,7 +83,7 @@ def _add_common(p):
 
 def add_parsers(sub):
     from tracelock.cli_parser import add_alias
-    from tracelock.cli_values import MAX_COUNT, bounded_int, positive_int, seed_int, width_int
+    from tracelock.cli_values import MAX_COUNT, bounded_int, input_folder, positive_int, seed_int, width_int
 
     p = sub.add_parser("fit-encoder", help="fit the hidden/delta feature encoders on replayed trace steps")
     _add_common(p)
@@ -101,7 +103,8 @@ def add_parsers(sub):
 
     p = sub.add_parser("featurize", help="replay traces and write their codes to a memory-mappable feature cache")
     _add_common(p)
-    p.add_argument("--encoder", required=True, help="encoder folder (`tracelock fit-encoder --out`)")
+    p.add_argument("--encoder", required=True, type=input_folder("an encoder folder (`tracelock fit-encoder --out`)"),
+                   help="encoder folder (`tracelock fit-encoder --out`)")
     p.add_argument("--out", required=True, help="cache folder; traces already in it are skipped (resume)")
     p.add_argument("--cache-dtype", choices=["fp16", "int8"], default="fp16",
                    help="storage precision of the codes (int8: per-row scale)")

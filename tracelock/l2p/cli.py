@@ -67,10 +67,11 @@ def _save_encoder(encoder, folder) -> None:
 
 def add_parsers(sub):
     from tracelock.cli_options import add_batch_size, add_device, add_model, add_model_dtype, option_help
-    from tracelock.cli_values import gen_length_int, positive_int, seed_int, width_int
+    from tracelock.cli_values import gen_length_int, input_folder, positive_int, seed_int, width_int
 
     p = sub.add_parser("train-l2p", help="train a Learn2PD filter (one block size) from a trace store")
-    p.add_argument("--traces", required=True, help="trace store (`tracelock collect --block N --out`)")
+    p.add_argument("--traces", required=True, type=input_folder("a trace store folder (`tracelock collect --out`)"),
+                   help="trace store (`tracelock collect --block N --out`)")
     add_model(p, extra="the backbone the traces were decoded with")
     p.add_argument("--block", type=gen_length_int, required=True, metavar="W",
                    help=option_help("--block", "the filter's block size: the traces' --block"))

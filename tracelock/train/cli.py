@@ -33,10 +33,11 @@ PRESETS = {
 
 
 def add_parsers(sub):
-    from tracelock.cli_values import bounded_int
+    from tracelock.cli_values import bounded_int, input_folder
 
     p = sub.add_parser("train", help="train the TraceLock controller on a feature cache (DDP under torchrun)")
-    p.add_argument("--cache", required=True, help="feature cache folder (`tracelock featurize`)")
+    p.add_argument("--cache", required=True, type=input_folder("a feature cache folder (`tracelock featurize --out`)"),
+                   help="feature cache folder (`tracelock featurize`)")
     p.add_argument("--out", required=True, help="run folder: best.safetensors/.json, metrics.json, state")
     p.add_argument("--encoder", help="the encoder folder that wrote the cache: copied into --out so it deploys alone "
                                      "(default: none; then pass the encoder beside the controller when deploying)")

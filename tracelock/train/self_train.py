@@ -85,13 +85,14 @@ def _self_train(args):
 
 def add_parsers(sub):
     from tracelock.cli_options import add_device, add_model, add_prompt_limit, add_setting_spelling, option_help
-    from tracelock.cli_values import batch_int, gen_length_int, positive_int, seed_int
+    from tracelock.cli_values import batch_int, gen_length_int, input_folder, positive_int, seed_int
 
     p = sub.add_parser("self-train", help="deployment-aware self-training: on-policy traces, mixed with the "
                                           "original pool, warm-started training")
     add_model(p)
     p.add_argument("--controller", required=True, help="the supervised controller (`tracelock train --out`)")
-    p.add_argument("--cache", required=True, help="the feature cache it was trained on (the original pool, kept)")
+    p.add_argument("--cache", required=True, type=input_folder("a feature cache folder (`tracelock featurize --out`)"),
+                   help="the feature cache it was trained on (the original pool, kept)")
     p.add_argument("--prompts", required=True, help="new prompts: testbed tasks (testbed:math,testbed:code) or a "
                                                     "JSONL file, as `tracelock collect --prompts`")
     add_prompt_limit(p)
