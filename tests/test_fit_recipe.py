@@ -30,11 +30,26 @@ def run(tmp_path_factory):
 def test_every_stage_leaves_its_folder_and_the_record_names_the_choice(run):
     record = json.loads((run / "fit.json").read_text())
     assert list(record["stages"]) == ["collect", "features", "round-0", "round-1", "validation"]
-    assert set(record["choice"]) == {"round", "accept", "veto", "gap", "gaps"}
+    assert set(record["choice"]) == {"round", "accept", "veto", "gap", "gaps", "intervals"}
     assert set(record["choice"]["gaps"]) == {f"{k}/{a}/{v}" for k in (0, 1) for a in (1.0, 0.9) for v in (0.0, 0.5)}
     for path in ("pool/traces/index.json", "pool/encoder/encoder.json", "pool/cache", "round-0/metrics.json",
                  "round-1/metrics.json", "onpolicy", "controller/best.safetensors", "controller/gate.json"):
         assert (run / path).exists(), path
+
+
+def test_the_base_is_traced_without_holes_on_validation(run):
+    """Midpoints of the base's knob (delta 0 and 0.9 listed) until its points lie at most 1.5 mean steps apart, so
+    that a gate is not judged against the base's accuracy at the low end of a hole."""
+    from tracelock.eval.items import folder_items
+    from tracelock.recipe import BASE_DENSE_ROUNDS, BASE_STEP_GAP
+
+    runs = run / "validation" / "testbed-math-validation" / "runs" / "16-8"
+    base = {float(re.search(r"delta-([0-9.]+)$", p.name)[1]): folder_items(p) for p in runs.glob("frechet-*")}
+    steps = {v: sum(r["steps"] for r in recs.values()) / len(recs) for v, recs in base.items()}
+    order = sorted(steps, key=steps.get)
+    widest = max(steps[b] - steps[a] for a, b in zip(order, order[1:]))
+    assert {0.0, 0.9} <= set(base) and len(base) > 2
+    assert widest <= BASE_STEP_GAP or len(base) >= 2 ** BASE_DENSE_ROUNDS, steps
 
 
 def test_the_rounds_decode_with_the_gate_of_the_round_before(run):
