@@ -104,9 +104,16 @@ def committed(path: Path) -> str:
                           text=True).stdout.strip()
 
 
-def cell_specs(protocol: dict, family: str, setting: str) -> list:
+def cell_specs(protocol: dict, family: str, setting: str, task: str | None = None) -> list:
+    """The policy specs of one cell: ``points[gen]`` of the family, or ``points[task][gen]`` where the protocol
+    names its points per task (a controller per domain)."""
     gen = setting.split("/")[0]
-    return protocol["families"][family]["points"][gen]
+    points = protocol["families"][family]["points"]
+    if gen not in points:
+        if task is None:
+            raise SystemExit(f"the protocol names its {family} points per task: give the task")
+        points = points[task]
+    return points[gen]
 
 
 def run(protocol_dir: Path, family: str, task: str, setting: str, work: Path, batch_size: int, workers: int) -> None:
@@ -133,7 +140,7 @@ def run(protocol_dir: Path, family: str, task: str, setting: str, work: Path, ba
         atomic_write_json(manifest, dict(frozen=frozen, family=family, task=task, setting=setting,
                                          torch=torch.__version__))
     model, tokenizer = load_model(fam["model"]), load_tokenizer(fam["model"])
-    policies = [p for spec in cell_specs(protocol, family, setting) for p in parse_policies(spec)]
+    policies = [p for spec in cell_specs(protocol, family, setting, task) for p in parse_policies(spec)]
 
     def decode(policy):
         _decode_policy(model, tokenizer, scorer, items, policy, s, folder / policy.slug, rank=0,
@@ -179,7 +186,7 @@ def records(protocol_dir: Path, family: str, task: str, setting: str, work: Path
     (s,) = parse_settings(setting)
     folder = work / family / f"{task}-{s.slug}"
     per_point = {}
-    for spec in cell_specs(protocol, family, setting):
+    for spec in cell_specs(protocol, family, setting, task):
         for policy in parse_policies(spec):
             got = folder_items(folder / policy.slug)
             if len(got) != n:

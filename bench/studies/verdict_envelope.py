@@ -159,21 +159,29 @@ def analyse(folders: list, *, resamples: int = 2000, seed: int = 0, learned: str
     for folder in folders:
         for (task, setting), cell in load_cells(folder).items():
             family = "dream" if "dream" in Path(folder).name else "llada"
-            if knobs is not None:
-                cell["points"] = {k: v for k, v in cell["points"].items()
-                                  if not judged(curve_of(k), learned) or knobs[0] <= knob_of(k) <= knobs[1]}
-            cells[(family, task, setting)] = build_curves(cell)
-    ids_of = {}
-    for folder in folders:
-        for (task, _), cell in load_cells(folder).items():
-            if ids_of.setdefault(task, cell["ids"]) != cell["ids"]:
-                raise SystemExit(f"the {task} cells hold different items; a shared bootstrap needs the same items")
+            cells[(family, task, setting)] = cell
+    return analyse_cells(cells, resamples=resamples, seed=seed, learned=learned, knobs=knobs)
+
+
+def analyse_cells(raw: dict, *, resamples: int = 2000, seed: int = 0, learned: str = "shipped",
+                  knobs: tuple | None = None, comparisons: tuple = COMPARISONS) -> dict:
+    """`analyse` on cells given as {(family, task, setting): {"ids": [...], "points": {name: (correct, steps)}}}
+    (`load_cells`' form); the cells of a task must hold the same items (one bootstrap draw per task)."""
+    cells, ids_of = {}, {}
+    for (family, task, setting), cell in raw.items():
+        points = cell["points"]
+        if knobs is not None:
+            points = {k: v for k, v in points.items()
+                      if not judged(curve_of(k), learned) or knobs[0] <= knob_of(k) <= knobs[1]}
+        cells[(family, task, setting)] = build_curves(dict(cell, points=points))
+        if ids_of.setdefault(task, cell["ids"]) != cell["ids"]:
+            raise SystemExit(f"the {task} cells hold different items; a shared bootstrap needs the same items")
     rng = np.random.default_rng(seed)
     weights = [{task: rng.multinomial(len(ids), np.full(len(ids), 1 / len(ids))).astype(np.float64)
                 for task, ids in ids_of.items()} for _ in range(resamples)]
     out = {"resamples": resamples, "seed": seed, "learned": learned, "comparisons": {}}
     # the held threshold judged alone: its own envelopes would hold it, so only the published one is read
-    for comparison in COMPARISONS if learned != "held-threshold" else ("published",):
+    for comparison in comparisons if learned != "held-threshold" else ("published",):
         rows, draws = {}, {}
         for key, curves in sorted(cells.items()):
             family, task, setting = key
