@@ -99,6 +99,7 @@ def run_cell(family: str, task: str, setting: str, folder: Path, results: Path =
     curves = specs(family, task, values)
     rec = compact_records({f"{c}/{parse_policies(x)[0].slug}": records(x) for c, ss in curves.items() for x in ss})
     path = results / f"{cell_name(family, task, setting)}.json"
+    results.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, dict(
         what=f"{family} {task} {setting}, validation split, {N} items drawn with seed {SEED}", model=MODELS[family],
         task=f"testbed:{task}@validation", setting=setting, n=N, seed=SEED, specs=curves,
@@ -111,9 +112,10 @@ def _item_steps(records: dict) -> int:
 
 
 def _cost(path: Path, cost: list) -> float:
-    """CPU seconds per item-step of this call's decodes; a call that decoded nothing keeps the earlier figure."""
+    """CPU seconds per item-step of this call's decodes; a call that decoded nothing keeps the earlier figure (None
+    where there is none: a run that resumed a killed one after its last decode)."""
     if cost[1] == 0:
-        return json.loads(path.read_text())["cpu_per_item_step"]
+        return json.loads(path.read_text())["cpu_per_item_step"] if path.exists() else None
     return round(cost[0] / cost[1], 6)
 
 

@@ -54,6 +54,14 @@ def cell_points(family: str, task: str, setting: str) -> dict:
     return out
 
 
+def _per_item_step(family: str, gen: str) -> float:
+    """CPU seconds per item-step of the family's validation decodes at this length (the mean over its cells that
+    measured one)."""
+    got = [json.loads(path.read_text())["cpu_per_item_step"] for path in gv.RESULTS.glob(f"{family}-*-{gen}-*.json")]
+    got = [x for x in got if x is not None]
+    return sum(got) / len(got)
+
+
 def prune(points: list, lo: float, hi: float) -> list:
     """The specs of one curve that a step function can read at budgets in [lo, hi] (see the module docstring)."""
     keep = [spec for spec, steps, _ in points if lo <= steps <= REACH * hi]
@@ -83,10 +91,8 @@ def build() -> dict:
                 fam["points"][task][gen] = list(dict.fromkeys(order))
                 for s, curves in cells.items():
                     steps = {spec: st for pts in curves.values() for spec, st, _ in pts}
-                    per_item_step = json.loads((gv.RESULTS / f"{gv.cell_name(family, task, s)}.json").read_text())[
-                        "cpu_per_item_step"]
                     cost[f"{family} {task} {s}"] = round(
-                        N_ITEMS * per_item_step * sum(steps[spec] for spec in fam["points"][task][gen]))
+                        N_ITEMS * _per_item_step(family, gen) * sum(steps[spec] for spec in fam["points"][task][gen]))
         families[family] = fam
     return dict(families=families, cost=cost)
 
