@@ -11,7 +11,9 @@ Per family, task and generation length (the protocol's points serve both widths 
   pruned to the points that can be read at the gate's budgets: those whose validation mean steps lie at or below
   `REACH` times the gate's dearest point, at either width, and below the gate's cheapest point only the dearest one
   and the most accurate one (a step function reads a budget by the best point at or below it, so a cheaper point
-  counts only where it is that best).
+  counts only where it is that best); of those, the points more than `MARGIN` below the validation envelope at their
+  own steps go (they would have to gain that much on the test items to matter), but every curve keeps at least its
+  point nearest the envelope, so every rule is in it, plain and held.
 
 The cost is estimated from the validation runs' CPU time per item-step (`gate_validation.py` records it per cell) and
 the points' mean steps; the protocol holds the estimate and the goal.
@@ -32,6 +34,7 @@ import gate_validation as gv  # noqa: E402
 SETTINGS = ("64/16", "64/32", "128/32", "128/64")
 TASKS = ("math", "code")
 REACH = 1.15  # envelope points up to this many times the gate's dearest validation point's mean steps
+MARGIN = 0.10  # and at most this far (accuracy) below the validation envelope at their own steps
 N_ITEMS = 300
 
 
@@ -62,16 +65,33 @@ def _per_item_step(family: str, gen: str) -> float:
     return sum(got) / len(got)
 
 
-def prune(points: list, lo: float, hi: float) -> list:
-    """The specs of one curve that a step function can read at budgets in [lo, hi] (see the module docstring)."""
-    keep = [spec for spec, steps, _ in points if lo <= steps <= REACH * hi]
-    below = [(spec, steps, acc) for spec, steps, acc in points if steps < lo]
+def envelope_at(curves: dict):
+    """The training-free curves' step function: at s steps, the best validation accuracy of their points at or below
+    s (0 below all of them)."""
+    pts = [(steps, acc) for curve, ps in curves.items() if curve != "gate" for _, steps, acc in ps]
+
+    def at(s: float) -> float:
+        return max((acc for steps, acc in pts if steps <= s), default=0.0)
+
+    return at
+
+
+def prune(points: list, lo: float, hi: float, envelope, margin: float) -> list:
+    """The specs of one training-free curve kept for the hold-out (see the module docstring): those a step function
+    can read at the gate's budgets [lo, hi], less those more than ``margin`` below the envelope at their own steps;
+    the curve's nearest point to the envelope where that leaves none."""
+    reach = [p for p in points if lo <= p[1] <= REACH * hi]
+    below = [p for p in points if p[1] < lo]
     if below:
-        keep += [max(below, key=lambda p: p[1])[0], max(below, key=lambda p: (p[2], -p[1]))[0]]
-    return keep
+        reach += [max(below, key=lambda p: p[1]), max(below, key=lambda p: (p[2], -p[1]))]
+    reach = list(dict.fromkeys(reach))
+    if not reach:
+        return []
+    near = [p for p in reach if envelope(p[1]) - p[2] <= margin + 1e-9]
+    return [p[0] for p in near] or [min(reach, key=lambda p: envelope(p[1]) - p[2])[0]]
 
 
-def build() -> dict:
+def build(margin: float) -> dict:
     families, cost = {}, {}
     for family in ("llada", "dream"):
         fam = dict(model=gv.MODELS[family], points={})
@@ -79,26 +99,28 @@ def build() -> dict:
             fam["points"][task] = {}
             for gen in ("64", "128"):
                 cells = {s: cell_points(family, task, s) for s in SETTINGS if s.startswith(gen + "/")}
-                keep: dict = {}
+                keep = set()
                 for curves in cells.values():
                     gate = curves["gate"]
-                    lo, hi = min(p[1] for p in gate), max(p[1] for p in gate)
+                    lo, hi, env = min(p[1] for p in gate), max(p[1] for p in gate), envelope_at(curves)
                     for curve, pts in curves.items():
-                        chosen = [p[0] for p in pts] if curve == "gate" else prune(pts, lo, hi)
-                        keep.setdefault(curve, set()).update(chosen)
-                order = [spec for curve, pts in next(iter(cells.values())).items() for spec, _, _ in pts
-                         if spec in keep[curve]]
-                fam["points"][task][gen] = list(dict.fromkeys(order))
+                        keep.update(p[0] for p in pts) if curve == "gate" else keep.update(
+                            prune(pts, lo, hi, env, margin))
+                specs = list(dict.fromkeys(spec for curves in cells.values() for pts in curves.values()
+                                           for spec, _, _ in pts if spec in keep))
+                fam["points"][task][gen] = specs
+                steps_anywhere = {spec: st for curves in cells.values() for pts in curves.values()
+                                  for spec, st, _ in pts}
                 for s, curves in cells.items():
-                    steps = {spec: st for pts in curves.values() for spec, st, _ in pts}
+                    steps = {**steps_anywhere, **{spec: st for pts in curves.values() for spec, st, _ in pts}}
                     cost[f"{family} {task} {s}"] = round(
-                        N_ITEMS * _per_item_step(family, gen) * sum(steps[spec] for spec in fam["points"][task][gen]))
+                        N_ITEMS * _per_item_step(family, gen) * sum(steps[spec] for spec in specs))
         families[family] = fam
     return dict(families=families, cost=cost)
 
 
-def protocol(seed: int) -> dict:
-    built = build()
+def protocol(seed: int, margin: float) -> dict:
+    built = build(margin)
     total = sum(built["cost"].values())
     return {
         "what": "the second hold-out: TraceLock's fitted gates (one per family and task, `tracelock fit`'s choice on "
@@ -119,8 +141,10 @@ def protocol(seed: int) -> dict:
                       "knob value traced there without holes (at most 1.5 mean steps apart at either width); each "
                       "training-free curve pruned to the points a step function can read at the gate's budgets "
                       f"(mean steps up to {REACH} times the gate's dearest point; below its cheapest, the dearest "
-                      "and the most accurate point), by bench/studies/holdout_freeze.py. Nothing here read a test "
-                      "item.",
+                      f"and the most accurate point), less those more than {margin} below the validation envelope "
+                      "at their own steps, each curve keeping at least its point nearest the envelope (so every "
+                      "rule is in it, plain and held), by bench/studies/holdout_freeze.py. The margin was set so "
+                      "the estimate fits the compute limit. Nothing here read a test item.",
         "families": built["families"],
         "decode": "python bench/studies/holdout.py --protocol bench/results/holdout2 run --family F --task T "
                   "--setting G/W --work DIR (no KV cache, greedy, fp32, one torch thread per process, CPU), then "
@@ -150,8 +174,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="the protocol folder (bench/results/holdout2)")
     p.add_argument("--seed", type=int, required=True, help="the item draw's seed, written into the protocol")
+    p.add_argument("--margin", type=float, default=MARGIN,
+                   help=f"drop envelope points this far below the validation envelope (default {MARGIN})")
     args = p.parse_args(argv)
-    result = protocol(args.seed)
+    result = protocol(args.seed, args.margin)
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out / "protocol.json", result)
     for family, fam in result["families"].items():

@@ -8,13 +8,19 @@ import holdout_freeze as hf
 import numpy as np
 
 
-def test_prune_keeps_what_a_step_function_can_read_at_the_gates_budgets():
-    points = [("a", 4.0, 0.50), ("b", 6.0, 0.30), ("c", 8.0, 0.40), ("d", 10.0, 0.6), ("e", 20.0, 0.7),
+def test_prune_keeps_what_a_step_function_can_read_at_the_gates_budgets_near_the_envelope():
+    points = [("a", 4.0, 0.50), ("b", 6.0, 0.30), ("c", 8.0, 0.40), ("d", 10.0, 0.55), ("e", 20.0, 0.7),
               ("f", 22.9, 0.71), ("g", 23.1, 0.72), ("h", 40.0, 0.8)]
     # the gate spans 9-20 steps: everything in it, up to 1.15 x 20 = 23 above it, and below 9 the dearest (c) and
     # the most accurate (a) point
-    assert sorted(hf.prune(points, 9.0, 20.0)) == ["a", "c", "d", "e", "f"]
-    assert hf.prune([("x", 30.0, 0.9)], 9.0, 20.0) == []  # a curve that only runs dearer is not read
+    flat = lambda s: 0.0  # noqa: E731 (no envelope: nothing is below it)
+    assert sorted(hf.prune(points, 9.0, 20.0, flat, 0.1)) == ["a", "c", "d", "e", "f"]
+    assert hf.prune([("x", 30.0, 0.9)], 9.0, 20.0, flat, 0.1) == []  # a curve that only runs dearer is not read
+    # against an envelope at 0.7 from 5 steps on: e and f lie within 0.1 of it, and a below where it starts
+    high = lambda s: 0.7 if s >= 5 else 0.0  # noqa: E731
+    assert sorted(hf.prune(points, 9.0, 20.0, high, 0.1)) == ["a", "e", "f"]
+    # a curve far below everywhere keeps its nearest point, so every rule stays in the envelope
+    assert hf.prune([("p", 10.0, 0.1), ("q", 12.0, 0.3)], 9.0, 20.0, high, 0.1) == ["q"]
 
 
 def test_a_protocol_may_name_its_points_per_task():
