@@ -39,7 +39,7 @@ DENSE_ROUNDS = 6
 GATES = {("llada", "math"): "testbed-llada-math", ("llada", "code"): "testbed-llada-code",
          ("dream", "math"): "testbed-dream-math", ("dream", "code"): "testbed-dream-code"}
 MODELS = {"llada": "testbed", "dream": "testbed-dream"}
-GRID = (0.001, 0.01, 0.1, 0.3, 1.0, 3.0)  # eb's gamma in the rules-since cells
+GRID = (0.01, 0.1, 0.3, 1.0, 3.0)  # eb's gamma in the rules-since cells, less 0.001 (its dearest, every rule's plateau)
 FACTOR = (0.5, 1.0, 2.0, 4.0)
 
 
