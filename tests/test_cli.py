@@ -85,6 +85,9 @@ def test_generate_reads_a_learned_policy_once_not_per_batch(tmp_path, monkeypatc
     (["train", "--cache", "", "--out", "o"], "--cache"),
     (["self-train", "--model", "testbed", "--controller", "c", "--cache", "", "--prompts", "testbed:math", "--out",
       "o"], "--cache"),
+    (["self-train", "--model", "testbed", "--controller", "", "--cache", "c", "--prompts", "testbed:math", "--out",
+      "o"], "--controller"),
+    (["rl", "--model", "testbed", "--controller", "", "--prompts", "testbed:math", "--out", "o"], "--controller"),
 ])
 def test_an_empty_input_folder_is_named_with_its_option(argv, option, capsys):
     # an empty path read as the working directory: the error named a missing index.json, not the option

@@ -218,11 +218,12 @@ def _rl(args):
 
 def add_parsers(sub):
     from tracelock.cli_options import add_device, add_model, add_prompt_limit, add_setting_spelling
-    from tracelock.cli_values import bounded_int, gen_length_int, positive_int, seed_int
+    from tracelock.cli_values import bounded_int, gen_length_int, input_folder, positive_int, seed_int
 
     p = sub.add_parser("rl", help="refine a controller with group-relative policy gradients (resumable)")
     add_model(p)
-    p.add_argument("--controller", required=True, help="the supervised (or self-trained) controller run folder")
+    p.add_argument("--controller", required=True, type=input_folder("a controller folder (`tracelock train --out`)"),
+                   help="the supervised (or self-trained) controller run folder")
     p.add_argument("--prompts", required=True, help="training prompts: one testbed task (testbed:math) or a JSONL "
                                                     "file, as `tracelock collect --prompts`")
     add_prompt_limit(p)

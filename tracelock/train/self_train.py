@@ -90,7 +90,8 @@ def add_parsers(sub):
     p = sub.add_parser("self-train", help="deployment-aware self-training: on-policy traces, mixed with the "
                                           "original pool, warm-started training")
     add_model(p)
-    p.add_argument("--controller", required=True, help="the supervised controller (`tracelock train --out`)")
+    p.add_argument("--controller", required=True, type=input_folder("a controller folder (`tracelock train --out`)"),
+                   help="the supervised controller (`tracelock train --out`)")
     p.add_argument("--cache", required=True, type=input_folder("a feature cache folder (`tracelock featurize --out`)"),
                    help="the feature cache it was trained on (the original pool, kept)")
     p.add_argument("--prompts", required=True, help="new prompts: testbed tasks (testbed:math,testbed:code) or a "
