@@ -37,6 +37,26 @@ def test_every_stage_leaves_its_folder_and_the_record_names_the_choice(run):
         assert (run / path).exists(), path
 
 
+def test_the_record_holds_each_stages_size_and_the_estimate_reads_decode_and_training_rates_apart(run, tmp_path):
+    from tracelock.recipe import FitConfig, _Stages
+
+    stages = json.loads((run / "fit.json").read_text())["stages"]
+    # TINY: 6 pool items, 4 supervised steps, a round of 3 items and 2 steps, 3 validation items per decode
+    assert (stages["collect"]["items"], stages["round-0"]["steps"]) == (6, 4)
+    assert (stages["round-1"]["items"], stages["round-1"]["steps"]) == (3, 2)
+    said = []
+    est = _Stages(FitConfig(model="testbed", out=str(tmp_path)), said.append, rank=0)
+    est.plan = {"collect": (200, 0), "round-0": (0, 2000), "validation": (7600, 0)}
+    est.run("collect", "decode", lambda: None)
+    assert said[-1] == "collect: decode"  # nothing measured yet: no estimate
+    est.record["stages"]["collect"]["seconds"] = 30.0  # 0.15 s per item
+    est.run("round-0", "train", lambda: None)
+    assert said[-1] == "round-0: train"  # the training rate is not known yet
+    est.record["stages"]["round-0"]["seconds"] = 400.0  # 0.2 s per step
+    est.run("validation", "decode", lambda: None)
+    assert said[-1] == "validation: decode (about 19 min left)"  # 7600 items at 0.15 s, not at the training's rate
+
+
 def test_the_base_is_traced_without_holes_on_validation(run):
     """Midpoints of the base's knob (delta 0 and 0.9 listed) until its points lie at most 1.5 mean steps apart, so
     that a gate is not judged against the base's accuracy at the low end of a hole."""

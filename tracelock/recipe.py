@@ -116,7 +116,14 @@ def _validation_tasks(config: FitConfig) -> list[str]:
 
 
 class _Stages:
-    """The run's record (``fit.json``): each finished stage with its seconds, and the estimate of what is left."""
+    """The run's record (``fit.json``): each finished stage with its seconds, and the estimate of what is left.
+
+    A stage's size is (items decoded, optimizer steps): decoding and training run at rates that differ from one
+    machine and backbone to another (the bundled models on the 2-core CPU: about 0.15 s per decoded item, 0.2 s per
+    training step, so a pool collection of 200 items takes a seventh of the supervised round), so each rate is
+    measured on the stages that do only that (collection and validation decode, the supervised round trains) and
+    the estimate is the plan's remaining items and steps at those rates. A stage that does both (an on-policy round)
+    counts at both."""
 
     def __init__(self, config: FitConfig, say, rank: int):
         self.path, self.say, self.rank = Path(config.out) / "fit.json", say, rank
@@ -124,27 +131,36 @@ class _Stages:
         if self.path.is_file():
             fix = f"delete {self.path} to run every stage again (each stage's own files resume it)"
             self.record["stages"] = read_json(self.path, fix=fix).get("stages", {})
-        self.total = None
+        self.plan: dict = {}  # {stage: (items, steps)}: the whole run's, for the estimate
 
-    def run(self, name: str, what: str, work, weight: float):
-        """Run ``work()`` as stage ``name`` (``weight``: its size in pool-collection units, for the estimate)."""
+    def run(self, name: str, what: str, work):
+        """Run ``work()`` as stage ``name`` (its size from ``plan``)."""
         start = time.perf_counter()
         done = self.record["stages"].get(name, {})
         self.say(f"{name}: {what}" + self._left())
         result = work()
         seconds = done.get("seconds", 0.0) + time.perf_counter() - start
-        self.record["stages"][name] = dict(seconds=round(seconds, 1), weight=weight)
+        items, steps = self.plan.get(name, (0, 0))
+        self.record["stages"][name] = dict(seconds=round(seconds, 1), items=items, steps=steps)
         if self.rank == 0:
             atomic_write_json(self.path, self.record)
         return result
 
+    def rates(self) -> tuple:
+        """(seconds per decoded item, seconds per training step) from the finished stages that do only one of them;
+        None where none has run yet."""
+        stages = self.record["stages"].values()
+        decode = [(s["seconds"], s["items"]) for s in stages if s.get("items") and not s.get("steps")]
+        train = [(s["seconds"], s["steps"]) for s in stages if s.get("steps") and not s.get("items")]
+        return tuple(sum(t for t, _ in d) / sum(n for _, n in d) if d else None for d in (decode, train))
+
     def _left(self) -> str:
-        stages = self.record["stages"]
-        unit = [s["seconds"] / s["weight"] for s in stages.values() if s.get("weight")]
-        if not unit or self.total is None:
+        per_item, per_step = self.rates()
+        left = [size for name, size in self.plan.items() if name not in self.record["stages"]]
+        if (per_item is None and any(i for i, _ in left)) or (per_step is None and any(k for _, k in left)):
             return ""
-        left = max(0.0, self.total - sum(s.get("weight", 0) for s in stages.values())) * sum(unit) / len(unit)
-        return f" (about {left / 60:.0f} min left)"
+        seconds = sum(i * (per_item or 0) + k * (per_step or 0) for i, k in left)
+        return f" (about {seconds / 60:.0f} min left)"
 
 
 def fit(config: FitConfig, *, rank: int = 0, world_size: int = 1, say=lambda what: None) -> Path:
@@ -159,27 +175,27 @@ def fit(config: FitConfig, *, rank: int = 0, world_size: int = 1, say=lambda wha
     out.mkdir(parents=True, exist_ok=True)
     mid = dict(fixed, **{knob: values[len(values) // 2]})
     stages = _Stages(config, say if rank == 0 else (lambda what: None), rank)
-    per_val = config.val_limit / (config.limit * max(1, len(config.prompts.split(","))))
+    n_tasks = max(1, len(config.prompts.split(",")))
     n_val = len(values) * (1 + (config.rounds + 1) * len(config.accept) * len(config.veto)) * len(tasks)
-    # the estimate's units: one pool collection; a round decodes and featurizes its share, validation its decodes
-    stages.total = 3 + 2 * config.rounds * config.round_limit / config.limit + n_val * per_val
+    # (items decoded, training steps) per stage; the featurization's replay counts as a decode of the pool
+    stages.plan = {"collect": (config.limit * n_tasks, 0), "features": (config.limit * n_tasks, 0),
+                   "round-0": (0, config.steps),
+                   **{f"round-{k}": (config.round_limit * n_tasks, config.round_steps)
+                      for k in range(1, config.rounds + 1)},
+                   "validation": (n_val * config.val_limit, 0)}
     with folder_lock(out, f"lock-fit-rank{rank}"):
         pool = out / "pool"
         stages.run("collect", f"the base rule {_spec(name, mid)} on {config.limit} training items per task",
-                   lambda: _collect(config, pool / "traces", name, mid, config.limit, config.seed, rank, world_size),
-                   1.0)
-        stages.run("features", "the encoder and the pool's codes", lambda: _features(config, pool, rank, world_size),
-                   1.0)
+                   lambda: _collect(config, pool / "traces", name, mid, config.limit, config.seed, rank, world_size))
+        stages.run("features", "the encoder and the pool's codes", lambda: _features(config, pool, rank, world_size))
         stages.run("round-0", f"the supervised controller ({config.steps} steps)",
-                   lambda: _train(config, out / "round-0", pool, None, config.steps, rank=rank), 1.0)
+                   lambda: _train(config, out / "round-0", pool, None, config.steps, rank=rank))
         for k in range(1, config.rounds + 1):
             gate = dict(accept=min(config.accept), veto=max(config.veto))
             stages.run(f"round-{k}", f"on-policy round {k}: the gate with round {k - 1}'s controller, {gate}",
-                       lambda k=k, gate=gate: _round(config, out, k, name, mid, gate, rank, world_size),
-                       2 * config.round_limit / config.limit)
+                       lambda k=k, gate=gate: _round(config, out, k, name, mid, gate, rank, world_size))
         points = stages.run("validation", f"{n_val} decodes of {config.val_limit} validation items",
-                            lambda: _validate(config, out, tasks, (name, fixed, knob, values), rank, world_size),
-                            n_val * per_val)
+                            lambda: _validate(config, out, tasks, (name, fixed, knob, values), rank, world_size))
         if rank != 0:
             return out / "controller"
         choice = choose_gate(points)
