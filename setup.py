@@ -176,7 +176,8 @@ setup(
     packages=[*find_packages(include=["tracelock", "tracelock.*"]), "tracelock.kernels"],
     package_dir={"tracelock.kernels": "kernels"},
     package_data={"tracelock.kernels": ["README.md"],
-                  "tracelock.testbed": ["model/*", "model-dream/*", "controller-llada/*", "controller-dream/*"]},
+                  "tracelock.testbed": ["model/*", "model-dream/*", "controller-llada/*", "controller-dream/*",
+                                        "gate-*/*"]},
     install_requires=[
         "torch>=2.11",
         "numpy",

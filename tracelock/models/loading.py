@@ -27,6 +27,10 @@ BUNDLED = {"testbed": _TESTBED / "model", "testbed-llada": _TESTBED / "model",
 # the trained TraceLock controller shipped with each bundled model (`controller="testbed"` etc.)
 BUNDLED_CONTROLLERS = {"testbed": _TESTBED / "controller-llada", "testbed-llada": _TESTBED / "controller-llada",
                        "testbed-dream": _TESTBED / "controller-dream"}
+# the gates `tracelock fit` chose for each bundled model and task family (a controller with its gate.json: base rule,
+# accept, veto): `gate:controller=testbed-llada-math` deploys one
+BUNDLED_GATES = {f"testbed-{family}-{task}": _TESTBED / f"gate-{family}-{task}"
+                 for family in ("llada", "dream") for task in ("math", "code")}
 
 
 def resolve_path(path) -> Path:
@@ -61,10 +65,12 @@ def is_hub_id(name: str) -> bool:
 
 
 def resolve_controller(path) -> Path:
-    """A controller run folder, or the shipped controller of a bundled model name ("testbed", "testbed-dream")."""
+    """A controller run folder, the shipped controller of a bundled model name ("testbed", "testbed-dream"), or a
+    bundled gate's ("testbed-llada-math", `BUNDLED_GATES`)."""
     folder = Path(path)
-    if not folder.exists() and str(path) in BUNDLED_CONTROLLERS:
-        folder = BUNDLED_CONTROLLERS[str(path)]
+    bundled = {**BUNDLED_CONTROLLERS, **BUNDLED_GATES}
+    if not folder.exists() and str(path) in bundled:
+        folder = bundled[str(path)]
         if not (folder / "best.safetensors").exists():
             raise FileNotFoundError(f"the bundled {path!r} controller is missing from this install ({folder}); "
                                     "train one with `tracelock train` (docs/tracelock.md) and pass its folder")
