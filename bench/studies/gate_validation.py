@@ -56,10 +56,10 @@ def gate_spec(family: str, task: str, value) -> str:
 
 def specs(family: str, task: str, gate_values) -> dict:
     """{curve: [policy spec]} of a cell: the gate at ``gate_values`` of its knob, the factor rule plain and held."""
-    ft = ":first_token=true" if family == "dream" else ""
+    # the factor rule has one form on both families (no first_token), as the first hold-out ran it
     return {"gate": [gate_spec(family, task, v) for v in sorted(gate_values)],
-            "factor": [f"factor:f={f}{ft}" for f in FACTOR],
-            "factor-hold-end": [f"factor:f={f}{ft}:hold_end=true" for f in FACTOR]}
+            "factor": [f"factor:f={f}" for f in FACTOR],
+            "factor-hold-end": [f"factor:f={f}:hold_end=true" for f in FACTOR]}
 
 
 def run(cells: list, work: Path, results: Path = RESULTS) -> None:
