@@ -114,3 +114,27 @@ def test_a_fit_controller_ships_with_its_gate(tmp_path):
     policy = GatePolicy(dest, model=tracelock.load_model("testbed"))
     assert (policy.base.name, policy.base.gamma, policy.base.hold_end) == ("eb", 0.1, True)
     assert (policy.accept, policy.veto) == (0.9, 0.5)
+
+
+@pytest.mark.parametrize("name", sorted(loading.BUNDLED_GATES))
+def test_each_bundled_gate_deploys_by_name(name):
+    """The gates `tracelock fit` chose per bundled model and task family ship with their gate.json and deploy as
+    `gate:controller=<name>`, their base's knob free to move along the curve."""
+    from tracelock.policies.gate import GatePolicy
+
+    folder = loading.BUNDLED_GATES[name]
+    shipped = json.loads((folder / "shipped.json").read_text())
+    gate = json.loads((folder / "gate.json").read_text())
+    assert shipped["best_safetensors_sha256"] == sha256(folder / "best.safetensors") and shipped["gate"] == gate
+    assert gate["knob"] == "base_gamma" and gate["base"] == "eb"
+    assert shipped["command"].startswith("tracelock fit --model testbed")
+    family = name.split("-")[1]
+    model_name = "testbed" if family == "llada" else "testbed-dream"
+    model, tok = tracelock.load_model(model_name), tracelock.load_tokenizer(model_name)
+    policy = GatePolicy(name, model=model, base_gamma=0.3)
+    assert (policy.base.name, policy.base.gamma, policy.accept, policy.veto) == ("eb", 0.3, gate["accept"],
+                                                                                 gate["veto"])
+    assert policy.base.first_token == (family == "dream")
+    ids = tok(held_out("math", "test", 1)[0].prompt, add_special_tokens=False)["input_ids"]
+    tokens, stats = tracelock.fused_generate(model, [ids], policy=policy, gen_length=16, block=8)
+    assert tokens.shape[1] == len(ids) + 16 and 1 <= stats.steps[0] <= 16
