@@ -10,7 +10,7 @@ training-free envelope at matched steps, and its grid set, before the hold-out i
 
 - the family's bundled gate for the task (`GATES`, `tracelock fit`'s choice) along its base's knob, from `GRID`, then
   a midpoint in every hole wider than `MAX_STEP_GAP` mean steps until none is left (`tracelock.eval.dense`), so the
-  curve has no holes;
+  curve has no holes; its base in the cell's better form on validation (`held_base`: with or without the end hold);
 - Fast-dLLM's factor rule, plain and held (`FACTOR`): the one training-free rule of the package the rules-since cells
   do not hold.
 
@@ -47,17 +47,29 @@ def cell_name(family: str, task: str, setting: str) -> str:
     return f"{family}-{task}-{setting.replace('/', '-')}"
 
 
-def gate_spec(family: str, task: str, value) -> str:
+def held_base(family: str, task: str, setting: str) -> bool:
+    """Whether the gate's base runs with the end-of-text hold in this cell: the form of the entropy bound with the
+    higher mean accuracy in the rules-since validation cell (its summary), which leads or ties the package's rules in
+    most cells (plain at width 16 and on math up to width 32, held elsewhere)."""
+    cell = json.loads((RULES / "summary.json").read_text())["cells"][f"{family} {task} {setting}"]
+    return cell["mean_accuracy"]["eb-hold-end"] > cell["mean_accuracy"]["eb"]
+
+
+def gate_spec(family: str, task: str, value, setting: str) -> str:
+    """The bundled gate at ``value`` of its knob, its base in the cell's form (`held_base`), named only where that
+    differs from the form the gate was fitted with (its gate.json)."""
     from tracelock.policies.gate import chosen_gate
 
-    knob = chosen_gate(GATES[(family, task)])["knob"]
-    return f"gate:controller={GATES[(family, task)]}:{knob}={value}"
+    chosen = chosen_gate(GATES[(family, task)])
+    held = held_base(family, task, setting)
+    form = "" if held == bool(chosen["base_args"].get("hold_end", False)) else f":base_hold_end={str(held).lower()}"
+    return f"gate:controller={GATES[(family, task)]}{form}:{chosen['knob']}={value}"
 
 
-def specs(family: str, task: str, gate_values) -> dict:
+def specs(family: str, task: str, gate_values, setting: str) -> dict:
     """{curve: [policy spec]} of a cell: the gate at ``gate_values`` of its knob, the factor rule plain and held."""
     # the factor rule has one form on both families (no first_token), as the first hold-out ran it
-    return {"gate": [gate_spec(family, task, v) for v in sorted(gate_values)],
+    return {"gate": [gate_spec(family, task, v, setting) for v in sorted(gate_values)],
             "factor": [f"factor:f={f}" for f in FACTOR],
             "factor-hold-end": [f"factor:f={f}:hold_end=true" for f in FACTOR]}
 
@@ -88,15 +100,15 @@ def run_cell(family: str, task: str, setting: str, folder: Path, results: Path =
         cost[1] += sum(_item_steps(records(x)) for x in spec_list) - before
 
     values = list(GRID)
-    decode([x for ss in specs(family, task, values).values() for x in ss])
+    decode([x for ss in specs(family, task, values, setting).values() for x in ss])
     for _ in range(DENSE_ROUNDS):
-        points = [(v, _mean_steps(records(gate_spec(family, task, v)))) for v in values]
+        points = [(v, _mean_steps(records(gate_spec(family, task, v, setting)))) for v in values]
         new = values_to_add(points, MAX_STEP_GAP, whole=False, log=True)
         if not new:
             break
-        decode([gate_spec(family, task, v) for v in new])
+        decode([gate_spec(family, task, v, setting) for v in new])
         values += new
-    curves = specs(family, task, values)
+    curves = specs(family, task, values, setting)
     rec = compact_records({f"{c}/{parse_policies(x)[0].slug}": records(x) for c, ss in curves.items() for x in ss})
     path = results / f"{cell_name(family, task, setting)}.json"
     results.mkdir(parents=True, exist_ok=True)

@@ -105,15 +105,15 @@ def committed(path: Path) -> str:
 
 
 def cell_specs(protocol: dict, family: str, setting: str, task: str | None = None) -> list:
-    """The policy specs of one cell: ``points[gen]`` of the family, or ``points[task][gen]`` where the protocol
-    names its points per task (a controller per domain)."""
+    """The policy specs of one cell: the family's ``points[gen]``, or, where the protocol names its points per task (a
+    gate per domain), ``points[task][setting]`` or ``points[task][gen]``."""
     gen = setting.split("/")[0]
     points = protocol["families"][family]["points"]
     if gen not in points:
         if task is None:
             raise SystemExit(f"the protocol names its {family} points per task: give the task")
         points = points[task]
-    return points[gen]
+    return points[setting] if setting in points else points[gen]
 
 
 def run(protocol_dir: Path, family: str, task: str, setting: str, work: Path, batch_size: int, workers: int) -> None:

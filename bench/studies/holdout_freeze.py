@@ -3,13 +3,13 @@ rule of the package, plain and held, on a fresh test draw.
 
     python bench/studies/holdout_freeze.py --out bench/results/holdout2      # writes protocol.json, prints the cost
 
-Per family, task and generation length (the protocol's points serve both widths of a length):
+Per family, task and setting (the protocol's points are per cell):
 
-- the gate: every value of its knob that `gate_validation.py` decoded at either width (traced there until its points
-  lay at most 1.5 mean steps apart), so its hold-out curve is as dense as its validation one;
+- the gate: every value of its knob that `gate_validation.py` decoded in the cell (traced there until its points lay
+  at most 1.5 mean steps apart), its base in the cell's form, so its hold-out curve is as dense as its validation one;
 - the envelope: every training-free curve of the validation cells (`rules_since.py`'s and the factor rule's), each
   pruned to the points that can be read at the gate's budgets: those whose validation mean steps lie at or below
-  `REACH` times the gate's dearest point, at either width, and below the gate's cheapest point only the dearest one
+  `REACH` times the gate's dearest point, and below the gate's cheapest point only the dearest one
   and the most accurate one (a step function reads a budget by the best point at or below it, so a cheaper point
   counts only where it is that best); of those, the points more than `MARGIN` below the validation envelope at their
   own steps go (they would have to gain that much on the test items to matter), but every curve keeps at least its
@@ -97,24 +97,19 @@ def build(margin: float) -> dict:
         fam = dict(model=gv.MODELS[family], points={})
         for task in TASKS:
             fam["points"][task] = {}
-            for gen in ("64", "128"):
-                cells = {s: cell_points(family, task, s) for s in SETTINGS if s.startswith(gen + "/")}
-                keep = set()
-                for curves in cells.values():
-                    gate = curves["gate"]
-                    lo, hi, env = min(p[1] for p in gate), max(p[1] for p in gate), envelope_at(curves)
-                    for curve, pts in curves.items():
-                        keep.update(p[0] for p in pts) if curve == "gate" else keep.update(
-                            prune(pts, lo, hi, env, margin))
-                specs = list(dict.fromkeys(spec for curves in cells.values() for pts in curves.values()
-                                           for spec, _, _ in pts if spec in keep))
-                fam["points"][task][gen] = specs
-                steps_anywhere = {spec: st for curves in cells.values() for pts in curves.values()
-                                  for spec, st, _ in pts}
-                for s, curves in cells.items():
-                    steps = {**steps_anywhere, **{spec: st for pts in curves.values() for spec, st, _ in pts}}
-                    cost[f"{family} {task} {s}"] = round(
-                        N_ITEMS * _per_item_step(family, gen) * sum(steps[spec] for spec in specs))
+            for s in SETTINGS:
+                curves = cell_points(family, task, s)
+                gate = curves["gate"]
+                lo, hi, env = min(p[1] for p in gate), max(p[1] for p in gate), envelope_at(curves)
+                keep = {p[0] for p in gate}
+                for curve, pts in curves.items():
+                    if curve != "gate":
+                        keep.update(prune(pts, lo, hi, env, margin))
+                specs = [spec for pts in curves.values() for spec, _, _ in pts if spec in keep]
+                fam["points"][task][s] = specs
+                steps = {spec: st for pts in curves.values() for spec, st, _ in pts}
+                cost[f"{family} {task} {s}"] = round(
+                    N_ITEMS * _per_item_step(family, s.split("/")[0]) * sum(steps[spec] for spec in specs))
         families[family] = fam
     return dict(families=families, cost=cost)
 
@@ -138,7 +133,8 @@ def protocol(seed: int, margin: float) -> dict:
         "tasks": list(TASKS),
         "how_chosen": "every point from validation records only (bench/results/rules-since-validation/ and "
                       "bench/results/gate-validation/: 100 validation items per task, seed 1213): the gate at every "
-                      "knob value traced there without holes (at most 1.5 mean steps apart at either width); each "
+                      "knob value traced there without holes (at most 1.5 mean steps apart), its base in the cell's "
+                      "better form on validation (with or without the end hold); each "
                       "training-free curve pruned to the points a step function can read at the gate's budgets "
                       f"(mean steps up to {REACH} times the gate's dearest point; below its cheapest, the dearest "
                       f"and the most accurate point), less those more than {margin} below the validation envelope "

@@ -26,6 +26,8 @@ def test_prune_keeps_what_a_step_function_can_read_at_the_gates_budgets_near_the
 def test_a_protocol_may_name_its_points_per_task():
     per_task = {"families": {"llada": {"points": {"math": {"64": ["eb:gamma=0.1"]}, "code": {"64": ["eb:gamma=1"]}}}}}
     assert holdout.cell_specs(per_task, "llada", "64/32", "code") == ["eb:gamma=1"]
+    per_cell = {"families": {"llada": {"points": {"code": {"64/16": ["eb:gamma=1"], "64/32": ["eb:gamma=2"]}}}}}
+    assert holdout.cell_specs(per_cell, "llada", "64/32", "code") == ["eb:gamma=2"]
     shared = {"families": {"llada": {"points": {"64": ["threshold:tau=0.9"]}}}}
     assert holdout.cell_specs(shared, "llada", "64/16", "math") == ["threshold:tau=0.9"]
 
