@@ -282,6 +282,16 @@ def test_a_hole_is_split_at_its_midpoint_in_the_knob():
     assert values_to_add(points, 7.0, whole=False, log=True) == []
 
 
+def test_trace_densely_decodes_midpoints_until_no_hole_is_left():
+    from tracelock.eval.dense import trace_densely
+
+    steps = lambda v: 30.0 - 10.0 * v  # noqa: E731 (a knob whose steps fall linearly from 30 to 20)
+    decoded = []
+    got = trace_densely([0.0, 1.0], steps, decoded.append, 3.0, 6, whole=False, log=False)
+    assert decoded == [[0.5], [0.75, 0.25]] and sorted(got) == [0.0, 0.25, 0.5, 0.75, 1.0]  # holes in order of steps
+    assert trace_densely([0.0, 1.0], steps, decoded.append, 3.0, 1, whole=False, log=False) == [0.0, 1.0, 0.5]
+
+
 def test_the_gate_is_traced_along_its_bases_knob(tmp_path):
     """The fitted gate's knob is its base rule's (``base_gamma`` for the entropy bound): a sweep lists it, and
     --max-step-gap splits its holes geometrically (gamma spans a factor of 10 and more)."""

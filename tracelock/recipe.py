@@ -303,7 +303,7 @@ def _validate(config: FitConfig, out: Path, tasks: list, base: tuple, rank: int,
     entropy bound on Dream-family math: 33% at 16.1 mean steps, then 58% at 20.4) would count as the base's accuracy
     at the hole's low end across it, and any gate with a point inside it would look far ahead (+11.5 points, chosen,
     on the four listed values alone)."""
-    from tracelock.eval.dense import geometric, values_to_add
+    from tracelock.eval.dense import geometric, trace_densely
     from tracelock.eval.items import folder_items
     from tracelock.eval.runner import PolicySpec, Setting, check_policies, run_eval
 
@@ -344,14 +344,9 @@ def _validate(config: FitConfig, out: Path, tasks: list, base: tuple, rank: int,
 
         decode([p for ps in specs.values() for p in ps])
         result[task] = {c: [(v, records(p)) for v, p in zip(values, ps)] for c, ps in specs.items()}
-        base_values = list(values)
-        for _ in range(BASE_DENSE_ROUNDS):
-            points = [(v, _mean_steps(records(base_spec(v)))) for v in base_values]
-            new = values_to_add(points, BASE_STEP_GAP, whole=whole, log=geometric(values), valid=valid)
-            if not new:
-                break
-            decode([base_spec(v) for v in new])
-            base_values += new
+        base_values = trace_densely(values, lambda v, records=records: _mean_steps(records(base_spec(v))),
+                                    lambda new, decode=decode: decode([base_spec(v) for v in new]), BASE_STEP_GAP,
+                                    BASE_DENSE_ROUNDS, whole=whole, log=geometric(values), valid=valid)
         result[task]["base"] = [(v, records(base_spec(v))) for v in sorted(base_values)]
     return result
 

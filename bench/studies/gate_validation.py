@@ -23,6 +23,7 @@ paired bootstrap interval, Holm over the cells, pooled) and writes ``bench/resul
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -47,6 +48,7 @@ def cell_name(family: str, task: str, setting: str) -> str:
     return f"{family}-{task}-{setting.replace('/', '-')}"
 
 
+@functools.cache
 def held_base(family: str, task: str, setting: str) -> bool:
     """Whether the gate's base runs with the end-of-text hold in this cell: the form of the entropy bound with the
     higher mean accuracy in the rules-since validation cell (its summary), which leads or ties the package's rules in
@@ -81,7 +83,7 @@ def run(cells: list, work: Path, results: Path = RESULTS) -> None:
 
 def run_cell(family: str, task: str, setting: str, folder: Path, results: Path = RESULTS) -> None:
     from tracelock.atomic import atomic_write_json
-    from tracelock.eval.dense import values_to_add
+    from tracelock.eval.dense import trace_densely
     from tracelock.eval.items import compact_records, folder_items
     from tracelock.eval.runner import parse_policies, parse_settings, run_eval
 
@@ -99,15 +101,10 @@ def run_cell(family: str, task: str, setting: str, folder: Path, results: Path =
         cost[0] += time.process_time() - cpu
         cost[1] += sum(_item_steps(records(x)) for x in spec_list) - before
 
-    values = list(GRID)
-    decode([x for ss in specs(family, task, values, setting).values() for x in ss])
-    for _ in range(DENSE_ROUNDS):
-        points = [(v, _mean_steps(records(gate_spec(family, task, v, setting)))) for v in values]
-        new = values_to_add(points, MAX_STEP_GAP, whole=False, log=True)
-        if not new:
-            break
-        decode([gate_spec(family, task, v, setting) for v in new])
-        values += new
+    decode([x for ss in specs(family, task, GRID, setting).values() for x in ss])
+    values = trace_densely(GRID, lambda v: _mean_steps(records(gate_spec(family, task, v, setting))),
+                           lambda new: decode([gate_spec(family, task, v, setting) for v in new]), MAX_STEP_GAP,
+                           DENSE_ROUNDS, whole=False, log=True)
     curves = specs(family, task, values, setting)
     rec = compact_records({f"{c}/{parse_policies(x)[0].slug}": records(x) for c, ss in curves.items() for x in ss})
     path = results / f"{cell_name(family, task, setting)}.json"

@@ -44,12 +44,12 @@ def _mean(values) -> float:
 
 def cell_points(family: str, task: str, setting: str) -> dict:
     """{curve: [(spec, mean steps, accuracy)]} of a validation cell, the gate's and every training-free curve."""
+    from tracelock.eval.runner import parse_policies
+
     name = gv.cell_name(family, task, setting)
     out = {}
     for rec in (json.loads((gv.RULES / f"{name}.json").read_text()),
                 json.loads((gv.RESULTS / f"{name}.json").read_text())):
-        from tracelock.eval.runner import parse_policies
-
         for curve, specs in rec["specs"].items():
             for spec in specs:
                 p = rec["points"][f"{curve}/{parse_policies(spec)[0].slug}"]

@@ -60,6 +60,20 @@ def values_to_add(points: list, max_gap: float, *, whole: bool, log: bool, valid
     return new
 
 
+def trace_densely(values, mean_steps, decode, max_gap: float, rounds: int, *, whole: bool, log: bool,
+                  valid=lambda v: True) -> list:
+    """``values`` and the midpoints added, ``rounds`` times at most, until no two points (``mean_steps(v)`` of the
+    decoded value ``v``) lie more than ``max_gap`` mean steps apart; ``decode(new_values)`` decodes each round's."""
+    values = list(values)
+    for _ in range(rounds):
+        new = values_to_add([(v, mean_steps(v)) for v in values], max_gap, whole=whole, log=log, valid=valid)
+        if not new:
+            break
+        decode(new)
+        values += new
+    return values
+
+
 def check_max_gap(max_gap) -> None:
     if max_gap is not None and (isinstance(max_gap, bool) or not isinstance(max_gap, int | float) or
                                 not max_gap > 0):
