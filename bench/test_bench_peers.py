@@ -238,7 +238,7 @@ def test_frechet_rule_equals_plusplus_on_random_profiles(plusplus):
 def test_frechet_equals_plusplus_on_the_bundled_llada(plusplus):
     """`frechet:delta=D` on the bundled LLaDA-family model is Fast-dLLM++'s `generate`, `generate_with_prefix_cache`
     and `generate_with_dual_cache` with ``frechet_margin=D``, token for token and step for step (its NFE), 64/16."""
-    model, config, prompts = _bundled("testbed")
+    model, config, prompts = _bundled("testbed", n=2)  # 2 items per task: each function and delta is what it checks
     module = peers.plusplus_generate_module(plusplus)
     peer = peers.load_plusplus_llada(plusplus, model, config)
     for delta in FRECHET_DELTAS:
@@ -261,7 +261,7 @@ def test_frechet_dream_form_equals_plusplus_on_the_bundled_dream(plusplus):
     ``frechet_margin=D``, token for token and step for step, when the sampler's forwards are exact (its loop and rule
     unchanged; `peers.run_dream_exact`); with its own caches it agrees on >= 90% of the tokens (the caches'
     approximation, as Fast-dLLM's threshold)."""
-    model, config, prompts = _bundled("testbed-dream")
+    model, config, prompts = _bundled("testbed-dream", n=2)
     pkg = "fastdllmpp_dream"
     peer = peers.load_dream(plusplus, model, config, package=pkg)
     gen = peers.dream_generation_config(plusplus, model.spec, 64, 64, package=pkg)
