@@ -15,7 +15,8 @@ def test_prune_keeps_what_a_step_function_can_read_at_the_gates_budgets_near_the
     # the most accurate (a) point
     flat = lambda s: 0.0  # noqa: E731 (no envelope: nothing is below it)
     assert sorted(hf.prune(points, 9.0, 20.0, flat, 0.1)) == ["a", "c", "d", "e", "f"]
-    assert hf.prune([("x", 30.0, 0.9)], 9.0, 20.0, flat, 0.1) == []  # a curve that only runs dearer is not read
+    # a curve that only runs dearer keeps its cheapest point: every rule is in the envelope
+    assert hf.prune([("x", 30.0, 0.9), ("y", 26.0, 0.8)], 9.0, 20.0, flat, 0.1) == ["y"]
     # against an envelope at 0.7 from 5 steps on: e and f lie within 0.1 of it, and a below where it starts
     high = lambda s: 0.7 if s >= 5 else 0.0  # noqa: E731
     assert sorted(hf.prune(points, 9.0, 20.0, high, 0.1)) == ["a", "e", "f"]
@@ -69,3 +70,34 @@ def test_gate_validation_reads_each_gate_against_every_training_free_curve(tmp_p
     row = result["comparisons"]["strongest"]["cells"]["llada math 64/16"]
     assert sorted(row["members"]) == ["eb-hold-end-true", "factor", "threshold"]
     assert row["verdict"] == "win" and 0.05 < row["gap"] < 0.15
+
+
+RULES = ("confidence", "threshold", "factor", "frechet", "credit", "hierarchy", "klass", "less", "eb", "pc")
+
+
+def test_the_second_frozen_protocol_is_rebuilt_from_the_validation_records_and_holds_every_rule():
+    """bench/results/holdout2/protocol.json is what holdout_freeze.py builds from the committed validation records at
+    its seed and margin; in every cell it holds one gate curve and every training-free curve of the validation cell
+    (each rule of the package's envelope, plain and held), and the runner accepts its specs."""
+    import verdict_envelope as ve
+
+    from tracelock.eval.runner import check_policies, parse_policies, parse_settings
+
+    committed = json.loads((hf.ROOT / "bench" / "results" / "holdout2" / "protocol.json").read_text())
+    assert committed == json.loads(json.dumps(hf.protocol(committed["seed"], committed["margin"])))
+    for family in ("llada", "dream"):
+        for task in hf.TASKS:
+            for setting in hf.SETTINGS:
+                specs = [p for s in holdout.cell_specs(committed, family, setting, task) for p in parse_policies(s)]
+                check_policies(specs, parse_settings(setting), "auto")
+                curves = {ve.curve_of(f"x/{p.slug}") for p in specs}
+                assert sum(ve.kind_of(c) == "gate" for c in curves) == 1, (family, task, setting)
+                validation = hf.cell_points(family, task, setting)
+                rules = [c for c in validation if c != "gate"]
+                # each rule plain and held (on Dream also Fast-dLLM's Dream form of threshold and frechet)
+                assert {c.removesuffix("-hold-end") for c in rules} >= set(RULES)
+                assert {c for c in rules if not c.endswith("-hold-end")} == {
+                    c.removesuffix("-hold-end") for c in rules}
+                named = set(holdout.cell_specs(committed, family, setting, task))
+                missing = [c for c in rules if not any(spec in named for spec, _, _ in validation[c])]
+                assert not missing, (family, task, setting, missing)
