@@ -95,7 +95,7 @@ def pool_items(task: str, size: int) -> tuple:
 
 def committed(path: Path) -> str:
     """The commit ``path`` is frozen at: it must be tracked and equal to HEAD's copy."""
-    rel = str(path.relative_to(ROOT))
+    rel = str(path.resolve().relative_to(ROOT))  # --protocol may be given relative to the working folder
     tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--error-unmatch", rel], capture_output=True)
     same = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", rel])
     if tracked.returncode or same.returncode:
