@@ -1,7 +1,7 @@
 """`tracelock serve` on loopback with the bundled testbed model, driven by the real `openai` client: completions and
 chat completions (whole and streamed) equal `fused_generate` token for token, also while other requests share the
 batch; bad requests get OpenAI-style 4xx errors naming the field and the server keeps serving; a client that drops
-frees its slot (seen in /metrics)."""
+frees its slot, and one gone before its whole body is counted cancelled (seen in /metrics)."""
 
 import http.client
 import json
@@ -308,3 +308,21 @@ def test_a_dropped_client_frees_its_slot(base_url):
     conn.close()
     _wait_idle(base_url, before + 1)
     assert _cancelled(base_url) == before + 2
+
+
+def test_a_client_gone_before_its_body_counts_as_cancelled(base_url, client):
+    # the headers promise 1000 bytes, half come, then the client leaves: the body read sees the disconnect
+    before = _cancelled(base_url)
+    url = urlsplit(base_url)
+    with socket.create_connection((url.hostname, url.port), timeout=60) as sock:
+        sock.sendall(f"POST {url.path}/completions HTTP/1.1\r\nHost: {url.hostname}\r\n"
+                     "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n".encode() + b'{"model": ')
+        time.sleep(0.5)  # the handler is waiting on the rest of the body
+        sock.shutdown(socket.SHUT_RDWR)
+    deadline = time.monotonic() + 30
+    while _cancelled(base_url) != before + 1:
+        assert time.monotonic() < deadline, "a client gone mid-body was not counted as cancelled"
+        time.sleep(0.05)
+    assert metrics(base_url)["tracelock_requests_running"] == 0
+    assert client.completions.create(model="testbed", prompt="Mia has 3 apples.", max_tokens=8).choices[0].text \
+        is not None  # and the server still answers

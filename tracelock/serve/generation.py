@@ -14,6 +14,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from tracelock.serve.protocol import APIError, ChatRequest, CompletionRequest, parse_body
 from tracelock.serve.scheduler import Result, Submission
@@ -165,6 +166,8 @@ async def generate(request: Request, state: ServerState, endpoint: _Endpoint):
         plan = _plan(state, endpoint, parse_body(endpoint.request_model, await request.body()))
     except APIError as err:
         return _error_response(state, err, endpoint.name)
+    except ClientDisconnect:  # gone before its whole body came: nothing was submitted, nothing to free
+        return _gone(state, endpoint.name)
     distinct = list(dict.fromkeys(plan.settings))
     queues = [asyncio.Queue() for _ in distinct]
     subs = _submit(state, plan, distinct, queues)
@@ -177,6 +180,12 @@ async def generate(request: Request, state: ServerState, endpoint: _Endpoint):
                                  media_type="text/event-stream")
     which = [distinct.index(s) for s in plan.settings]
     return await _whole(request, state, endpoint, subs, queues, which, head, plan.policy.label)
+
+
+def _gone(state: ServerState, endpoint: str) -> JSONResponse:
+    """Counts a request whose client went away as cancelled; its answer (nginx's 499) reaches no one."""
+    state.metrics.inc("requests_total", endpoint=endpoint, outcome="cancelled")
+    return JSONResponse({}, status_code=499)
 
 
 async def _disconnected(request: Request) -> None:
@@ -211,8 +220,7 @@ async def _whole(request, state, endpoint, subs, queues, which, head, policy):
                     state.scheduler.cancel(sub)
                 if kind == "error":
                     return _error_response(state, value, endpoint.name)
-                state.metrics.inc("requests_total", endpoint=endpoint.name, outcome="cancelled")
-                return JSONResponse({}, status_code=499)
+                return _gone(state, endpoint.name)
             results.append(value)
         state.metrics.inc("requests_total", endpoint=endpoint.name, outcome="ok")
         chosen = [results[k] for k in which]

@@ -21,5 +21,5 @@ class ServerState:
 async def server_state(request: Request) -> ServerState:
     """The routes' dependency: the state `tracelock.serve.app.create_app` attached to the app. A coroutine, so
     FastAPI runs it on the event loop: a plain function would go through its thread pool, and that hop delays the
-    handler's read of the body (a client gone by then leaves no body to read, and no cancelled request to count)."""
+    handler's read of the body (a client gone by then is only counted cancelled, never decoded)."""
     return request.app.state.server
