@@ -22,7 +22,7 @@ import contextlib
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +44,7 @@ _FIXED = ("batch_size", "lr", "weight_decay", "clip", "seed", "val_fraction", "f
           "mix_cache", "alpha")
 # the architecture: TrainConfig's fields that ControllerConfig takes (a warm start takes them from its checkpoint)
 _ARCHITECTURE = ("features", "confidence_input", "state_embedding", "width", "layers", "heads", "ffn", "dropout")
+_ARCH_DEFAULTS = {f.name: f.default for f in fields(ControllerConfig) if f.name in _ARCHITECTURE}
 
 
 @dataclass
@@ -64,14 +65,15 @@ class TrainConfig:
     seed: int = 42
     eval_every: int = 500
     val_fraction: float = 0.1
-    features: str = "all"
-    confidence_input: bool = False
-    state_embedding: bool = False
-    width: int = 384
-    layers: int = 3
-    heads: int = 8
-    ffn: int = 768
-    dropout: float = 0.1
+    # the architecture, ControllerConfig's defaults (the paper's)
+    features: str = _ARCH_DEFAULTS["features"]
+    confidence_input: bool = _ARCH_DEFAULTS["confidence_input"]
+    state_embedding: bool = _ARCH_DEFAULTS["state_embedding"]
+    width: int = _ARCH_DEFAULTS["width"]
+    layers: int = _ARCH_DEFAULTS["layers"]
+    heads: int = _ARCH_DEFAULTS["heads"]
+    ffn: int = _ARCH_DEFAULTS["ffn"]
+    dropout: float = _ARCH_DEFAULTS["dropout"]
     k: float = 4.0
     lambda_tau: float = 1e-3
     eot_weight: float = 1.0
